@@ -1,0 +1,243 @@
+//! The syntax tree of rule files, exactly as written. Every node has a span.
+
+use crate::source::Span;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ident {
+    pub name: String,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Type {
+    /// Any UTF-8 text.
+    String,
+    /// Text that must satisfy the name rule `[a-z0-9]([a-z0-9._-]*[a-z0-9])?`, ≤ 63 chars.
+    Name,
+    /// A signed 64-bit integer.
+    Int,
+}
+
+impl Type {
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Type::String => "string",
+            Type::Name => "name",
+            Type::Int => "int",
+        }
+    }
+    /// `name` is a `string` with a stricter input check; they mix freely in rules.
+    pub fn compatible(self, other: Type) -> bool {
+        self.is_text() == other.is_text()
+    }
+    pub fn is_text(self) -> bool {
+        matches!(self, Type::String | Type::Name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeclKind {
+    /// Read from etcd keys matching the pattern.
+    Input,
+    /// Written to etcd keys built from the pattern.
+    Output,
+    /// Internal: neither read nor written.
+    Relation,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Column {
+    pub name: Ident,
+    pub ty: Type,
+    pub ty_span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decl {
+    pub kind: DeclKind,
+    pub name: Ident,
+    pub columns: Vec<Column>,
+    /// The key pattern (`from` for inputs, `to` for outputs), without quotes.
+    pub pattern: Option<(String, Span)>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Literal {
+    Int(i64),
+    Str(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    /// `++`: string concatenation; int operands are written in decimal.
+    Concat,
+}
+
+impl BinOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BinOp::Add => "+",
+            BinOp::Sub => "-",
+            BinOp::Mul => "*",
+            BinOp::Div => "/",
+            BinOp::Rem => "%",
+            BinOp::Concat => "++",
+        }
+    }
+    /// Binding strength: higher binds tighter.
+    pub fn precedence(self) -> u8 {
+        match self {
+            BinOp::Concat => 1,
+            BinOp::Add | BinOp::Sub => 2,
+            BinOp::Mul | BinOp::Div | BinOp::Rem => 3,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExprKind {
+    Lit(Literal),
+    Var(String),
+    /// `_` (only meaningful as an atom argument).
+    Wildcard,
+    Neg(Box<Expr>),
+    Bin(BinOp, Box<Expr>, Box<Expr>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expr {
+    pub kind: ExprKind,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CmpOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "=",
+            CmpOp::Ne => "!=",
+            CmpOp::Lt => "<",
+            CmpOp::Le => "<=",
+            CmpOp::Gt => ">",
+            CmpOp::Ge => ">=",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Atom {
+    pub relation: Ident,
+    pub args: Vec<Expr>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BodyItem {
+    Pos(Atom),
+    /// `not p(..)`: holds when no matching fact exists.
+    Neg(Atom),
+    /// `lhs op rhs`; `x = e` with `x` unbound binds `x`.
+    Cmp(CmpOp, Expr, Expr, Span),
+    /// `v in lo..hi`: binds `v` to each integer in `[lo, hi)`.
+    Range(Ident, Expr, Expr, Span),
+}
+
+impl BodyItem {
+    pub fn span(&self) -> Span {
+        match self {
+            BodyItem::Pos(a) | BodyItem::Neg(a) => a.span,
+            BodyItem::Cmp(_, _, _, s) | BodyItem::Range(_, _, _, s) => *s,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AggKind {
+    /// `count()`: the number of distinct body matches in the group.
+    Count,
+    Sum,
+    Min,
+    Max,
+    /// `arg_max(v, k)`: the `v` of the match with the largest `k`; ties → smallest `v`.
+    ArgMax,
+    /// `arg_min(v, k)`: the `v` of the match with the smallest `k`; ties → smallest `v`.
+    ArgMin,
+}
+
+impl AggKind {
+    pub fn keyword(self) -> &'static str {
+        match self {
+            AggKind::Count => "count",
+            AggKind::Sum => "sum",
+            AggKind::Min => "min",
+            AggKind::Max => "max",
+            AggKind::ArgMax => "arg_max",
+            AggKind::ArgMin => "arg_min",
+        }
+    }
+    pub fn arity(self) -> usize {
+        match self {
+            AggKind::Count => 0,
+            AggKind::Sum | AggKind::Min | AggKind::Max => 1,
+            AggKind::ArgMax | AggKind::ArgMin => 2,
+        }
+    }
+    pub const ALL: [AggKind; 6] =
+        [AggKind::Count, AggKind::Sum, AggKind::Min, AggKind::Max, AggKind::ArgMax, AggKind::ArgMin];
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeadTerm {
+    Expr(Expr),
+    Agg(AggKind, Vec<Expr>, Span),
+}
+
+impl HeadTerm {
+    pub fn span(&self) -> Span {
+        match self {
+            HeadTerm::Expr(e) => e.span,
+            HeadTerm::Agg(_, _, s) => *s,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub head: Ident,
+    pub head_terms: Vec<HeadTerm>,
+    pub head_span: Span,
+    pub body: Vec<BodyItem>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Item {
+    Decl(Decl),
+    Rule(Rule),
+}
+
+/// One parsed rule file.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct File {
+    pub items: Vec<Item>,
+}
+
+/// Words that cannot name a relation or a variable.
+/// (Type names, `from`/`to` and aggregate names are recognised by position only,
+/// so `count` or `name` can still name a column or a variable.)
+pub const KEYWORDS: &[&str] = &["input", "output", "relation", "not", "in"];

@@ -1,0 +1,783 @@
+//! [`ast::File`]s → [`Program`]: resolves names, checks arity, types, variable
+//! safety, stratification and key patterns. Reports every problem it finds.
+
+use crate::ast::{self, AggKind, BinOp, CmpOp, DeclKind, ExprKind, Type};
+use crate::diag::Diagnostic;
+use crate::pattern::KeyPattern;
+use crate::program::*;
+use crate::source::{Sources, Span};
+use std::collections::{BTreeSet, HashMap};
+
+/// Checks parsed files. Returns the program when there are no errors; the
+/// diagnostics (warnings included) either way.
+pub fn check(sources: Sources, files: &[ast::File]) -> (Option<Program>, Vec<Diagnostic>) {
+    let mut cx = Checker { diags: Vec::new(), relations: Vec::new(), by_name: HashMap::new(), rules: Vec::new() };
+    for file in files {
+        for item in &file.items {
+            if let ast::Item::Decl(d) = item {
+                cx.declare(d);
+            }
+        }
+    }
+    for file in files {
+        for item in &file.items {
+            if let ast::Item::Rule(r) = item {
+                cx.rule(r);
+            }
+        }
+    }
+    cx.usage();
+    cx.output_collisions();
+    let strata = cx.stratify();
+    let ok = !cx.diags.iter().any(Diagnostic::is_error);
+    let program = ok.then(|| Program { sources, relations: cx.relations, rules: cx.rules, strata });
+    (program, cx.diags)
+}
+
+struct Checker {
+    diags: Vec<Diagnostic>,
+    relations: Vec<Relation>,
+    by_name: HashMap<String, RelId>,
+    rules: Vec<Rule>,
+}
+
+/// Variable scope of one rule while it is checked.
+#[derive(Default)]
+struct Vars {
+    names: Vec<String>,
+    types: Vec<Option<Type>>,
+    /// Where each variable first appears.
+    spans: Vec<Span>,
+}
+
+impl Vars {
+    fn slot(&mut self, name: &str, span: Span) -> VarId {
+        if let Some(i) = self.names.iter().position(|n| n == name) {
+            return i;
+        }
+        self.names.push(name.to_string());
+        self.types.push(None);
+        self.spans.push(span);
+        self.names.len() - 1
+    }
+}
+
+impl Checker {
+    fn error(&mut self, d: Diagnostic) {
+        self.diags.push(d);
+    }
+
+    fn declare(&mut self, d: &ast::Decl) {
+        if let Some(&prev) = self.by_name.get(&d.name.name) {
+            let prev_span = self.relations[prev].span;
+            self.error(
+                Diagnostic::error("duplicate-declaration", d.name.span, format!("relation `{}` is declared twice", d.name.name))
+                    .with_note(prev_span, "first declared here")
+                    .with_help("remove one declaration or rename one relation"),
+            );
+            return;
+        }
+        let mut seen: HashMap<&str, Span> = HashMap::new();
+        for c in &d.columns {
+            if let Some(prev) = seen.insert(&c.name.name, c.name.span) {
+                self.error(
+                    Diagnostic::error("duplicate-column", c.name.span, format!("column `{}` appears twice in `{}`", c.name.name, d.name.name))
+                        .with_note(prev, "first here")
+                        .with_help("give every column its own name"),
+                );
+            }
+        }
+        let names: Vec<&str> = d.columns.iter().map(|c| c.name.name.as_str()).collect();
+        let pattern = match &d.pattern {
+            None => None,
+            Some((text, span)) => match KeyPattern::parse(text, &names) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    self.error(Diagnostic::error("bad-pattern", *span, e.to_string()).with_help(
+                        "write each placeholder as a whole segment `{column}` naming a column; \
+                         every column but at most one (the value) must appear",
+                    ));
+                    None
+                }
+            },
+        };
+        let id = self.relations.len();
+        self.by_name.insert(d.name.name.clone(), id);
+        self.relations.push(Relation {
+            name: d.name.name.clone(),
+            kind: d.kind,
+            columns: d.columns.iter().map(|c| ColumnDef { name: c.name.name.clone(), ty: c.ty }).collect(),
+            pattern,
+            span: d.span,
+        });
+    }
+
+    fn lookup(&mut self, name: &ast::Ident) -> Option<RelId> {
+        if let Some(&id) = self.by_name.get(&name.name) {
+            return Some(id);
+        }
+        let suggestion = self
+            .relations
+            .iter()
+            .map(|r| (edit_distance(&r.name, &name.name), &r.name))
+            .filter(|(d, n)| *d <= 2.max(n.len() / 4))
+            .min()
+            .map(|(_, n)| format!("did you mean `{n}`? Otherwise declare it: `relation {}(…)`", name.name));
+        let help = suggestion.unwrap_or_else(|| format!("declare it: `relation {}(col: type, …)`, or `input`/`output` with a key pattern", name.name));
+        self.error(Diagnostic::error("unknown-relation", name.span, format!("unknown relation `{}`", name.name)).with_help(help));
+        None
+    }
+
+    fn rule(&mut self, r: &ast::Rule) {
+        let errors_before = self.diags.iter().filter(|d| d.is_error()).count();
+        let mut vars = Vars::default();
+        let head = self.lookup(&r.head);
+        if let Some(h) = head {
+            if self.relations[h].kind == DeclKind::Input {
+                let span = self.relations[h].span;
+                self.error(
+                    Diagnostic::error("derived-input", r.head.span, format!("`{}` is an input: its facts come from etcd, rules cannot derive it", r.head.name))
+                        .with_note(span, "declared as input here")
+                        .with_help("derive a new relation (declare it with `relation` or `output`) instead"),
+                );
+            }
+            let arity = self.relations[h].arity();
+            if arity != r.head_terms.len() {
+                self.arity_error(&r.head, arity, r.head_terms.len(), r.head_span);
+            }
+        }
+
+        // Body: resolve atoms and give every variable a slot; infer types from atoms and ranges.
+        struct Pending {
+            item: PendingItem,
+            span: Span,
+        }
+        enum PendingItem {
+            Atom { neg: bool, rel: RelId, args: Vec<Term> },
+            Cmp(CmpOp, ast::Expr, ast::Expr),
+            Range(VarId, ast::Expr, ast::Expr),
+        }
+        let mut pending = Vec::new();
+        // Variables of atoms that did not resolve: treated as bound, so one
+        // unknown relation does not also report every variable it would bind.
+        let mut poisoned = Vec::new();
+        for item in &r.body {
+            match item {
+                ast::BodyItem::Pos(a) | ast::BodyItem::Neg(a) => {
+                    let neg = matches!(item, ast::BodyItem::Neg(_));
+                    let resolved = self.lookup(&a.relation).filter(|&rel| {
+                        let arity = self.relations[rel].arity();
+                        if arity != a.args.len() {
+                            self.arity_error(&a.relation, arity, a.args.len(), a.span);
+                        }
+                        arity == a.args.len()
+                    });
+                    let Some(rel) = resolved else {
+                        for e in &a.args {
+                            if let ExprKind::Var(v) = &e.kind {
+                                poisoned.push(vars.slot(v, e.span));
+                            }
+                        }
+                        continue;
+                    };
+                    let mut args = Vec::new();
+                    for (i, e) in a.args.iter().enumerate() {
+                        let col_ty = self.relations[rel].columns[i].ty;
+                        let term = match &e.kind {
+                            ExprKind::Wildcard => Term::Wildcard,
+                            ExprKind::Var(v) => {
+                                let slot = vars.slot(v, e.span);
+                                self.unify_var(&mut vars, slot, col_ty, e.span, &format!("column `{}` of `{}`", self.relations[rel].columns[i].name, a.relation.name));
+                                Term::Var(slot)
+                            }
+                            ExprKind::Lit(l) => {
+                                let (c, ty) = lit_const(l);
+                                if !ty.compatible(col_ty) {
+                                    self.type_error(e.span, col_ty, ty, &format!("column `{}` of `{}`", self.relations[rel].columns[i].name, a.relation.name));
+                                }
+                                Term::Const(c)
+                            }
+                            _ => {
+                                self.error(Diagnostic::error("expression-in-atom", e.span, "an atom's arguments are variables, constants or `_`")
+                                    .with_help("bind the expression first: `x = <expression>`, then use `x` in the atom"));
+                                Term::Wildcard
+                            }
+                        };
+                        args.push(term);
+                    }
+                    pending.push(Pending { item: PendingItem::Atom { neg, rel, args }, span: a.span });
+                }
+                ast::BodyItem::Cmp(op, lhs, rhs, span) => {
+                    self.register_vars(&mut vars, lhs);
+                    self.register_vars(&mut vars, rhs);
+                    pending.push(Pending { item: PendingItem::Cmp(*op, lhs.clone(), rhs.clone()), span: *span });
+                }
+                ast::BodyItem::Range(v, lo, hi, span) => {
+                    let slot = vars.slot(&v.name, v.span);
+                    self.unify_var(&mut vars, slot, Type::Int, v.span, "a range variable");
+                    self.register_vars(&mut vars, lo);
+                    self.register_vars(&mut vars, hi);
+                    pending.push(Pending { item: PendingItem::Range(slot, lo.clone(), hi.clone()), span: *span });
+                }
+            }
+        }
+        for t in &r.head_terms {
+            match t {
+                ast::HeadTerm::Expr(e) => self.register_vars(&mut vars, e),
+                ast::HeadTerm::Agg(_, args, _) => args.iter().for_each(|e| self.register_vars(&mut vars, e)),
+            }
+        }
+
+        // Order the body for evaluation: filters and binders as soon as their inputs
+        // are bound, otherwise the next positive atom in source order.
+        let mut bound = vec![false; vars.names.len()];
+        for v in poisoned {
+            bound[v] = true;
+        }
+        let mut body: Vec<BodyLit> = Vec::new();
+        let mut done = vec![false; pending.len()];
+        loop {
+            let mut progressed = false;
+            for (i, p) in pending.iter().enumerate() {
+                if done[i] {
+                    continue;
+                }
+                let lit = match &p.item {
+                    PendingItem::Atom { neg: true, rel, args } => {
+                        if args.iter().all(|t| !matches!(t, Term::Var(v) if !bound[*v])) {
+                            Some(Lit::Neg { rel: *rel, args: args.clone() })
+                        } else {
+                            None
+                        }
+                    }
+                    PendingItem::Atom { neg: false, .. } => None,
+                    PendingItem::Cmp(op, lhs, rhs) => self.cmp_lit(&mut vars, &bound, *op, lhs, rhs),
+                    PendingItem::Range(v, lo, hi) => {
+                        if !bound[*v] && self.expr_bound(&vars, &bound, lo) && self.expr_bound(&vars, &bound, hi) {
+                            let lo = self.typed_expr(&mut vars, lo, Some(Type::Int));
+                            let hi = self.typed_expr(&mut vars, hi, Some(Type::Int));
+                            Some(Lit::Range { var: *v, lo, hi })
+                        } else {
+                            None
+                        }
+                    }
+                };
+                if let Some(lit) = lit {
+                    match &lit {
+                        Lit::Assign { var, .. } | Lit::Range { var, .. } => bound[*var] = true,
+                        _ => {}
+                    }
+                    body.push(BodyLit { lit, span: p.span });
+                    done[i] = true;
+                    progressed = true;
+                }
+            }
+            if progressed {
+                continue;
+            }
+            let next_atom = pending.iter().enumerate().find(|(i, p)| !done[*i] && matches!(p.item, PendingItem::Atom { neg: false, .. }));
+            match next_atom {
+                Some((i, p)) => {
+                    if let PendingItem::Atom { rel, args, .. } = &p.item {
+                        for t in args {
+                            if let Term::Var(v) = t {
+                                bound[*v] = true;
+                            }
+                        }
+                        body.push(BodyLit { lit: Lit::Pos { rel: *rel, args: args.clone() }, span: p.span });
+                    }
+                    done[i] = true;
+                }
+                None => break,
+            }
+        }
+        for (i, p) in pending.iter().enumerate() {
+            if done[i] {
+                continue;
+            }
+            let mut names = BTreeSet::new();
+            match &p.item {
+                PendingItem::Atom { args, .. } => args.iter().for_each(|t| {
+                    if let Term::Var(v) = t {
+                        if !bound[*v] {
+                            names.insert(vars.names[*v].clone());
+                        }
+                    }
+                }),
+                PendingItem::Cmp(_, l, rr) => {
+                    collect_unbound(&vars, &bound, l, &mut names);
+                    collect_unbound(&vars, &bound, rr, &mut names);
+                }
+                PendingItem::Range(v, lo, hi) => {
+                    if bound[*v] {
+                        names.insert(format!("{} (already bound: a range must bind a new variable)", vars.names[*v]));
+                    }
+                    collect_unbound(&vars, &bound, lo, &mut names);
+                    collect_unbound(&vars, &bound, hi, &mut names);
+                }
+            }
+            let list = names.into_iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+            self.error(
+                Diagnostic::error("unsafe-variable", p.span, format!("{list} not bound by any positive atom"))
+                    .with_help("every variable used in `not`, a comparison or a range bound must also appear in a positive atom, or be bound by `x = …` or `x in lo..hi`"),
+            );
+        }
+
+        // Head terms: every variable must be bound.
+        let mut head_terms = Vec::new();
+        for (i, t) in r.head_terms.iter().enumerate() {
+            let col_ty = head.and_then(|h| self.relations[h].columns.get(i).map(|c| c.ty));
+            let what = head.and_then(|h| self.relations[h].columns.get(i).map(|c| format!("column `{}` of `{}`", c.name, self.relations[h].name)));
+            match t {
+                ast::HeadTerm::Expr(e) => {
+                    self.check_head_vars(&vars, &bound, e);
+                    let (ir, ty) = self.expr(&mut vars, e);
+                    if let (Some(col), Some(ty), Some(w)) = (col_ty, ty, &what) {
+                        if !col.compatible(ty) {
+                            self.type_error(e.span, col, ty, w);
+                        }
+                    }
+                    head_terms.push(HeadTerm::Expr(ir));
+                }
+                ast::HeadTerm::Agg(kind, args, span) => {
+                    if args.len() != kind.arity() {
+                        let shape = match kind {
+                            AggKind::Count => "count()".to_string(),
+                            AggKind::ArgMax | AggKind::ArgMin => format!("{}(value, key)", kind.keyword()),
+                            _ => format!("{}(expression)", kind.keyword()),
+                        };
+                        self.error(Diagnostic::error("aggregate-arity", *span, format!("`{}` takes {} argument(s), found {}", kind.keyword(), kind.arity(), args.len()))
+                            .with_help(format!("write `{shape}`")));
+                        continue;
+                    }
+                    let mut irs = Vec::new();
+                    let mut tys = Vec::new();
+                    for a in args {
+                        self.check_head_vars(&vars, &bound, a);
+                        let (ir, ty) = self.expr(&mut vars, a);
+                        irs.push(ir);
+                        tys.push(ty);
+                    }
+                    let result_ty = match kind {
+                        AggKind::Count => Some(Type::Int),
+                        AggKind::Sum => {
+                            if let Some(t) = tys[0] {
+                                if t != Type::Int {
+                                    self.type_error(args[0].span, Type::Int, t, "`sum`");
+                                }
+                            }
+                            Some(Type::Int)
+                        }
+                        _ => tys[0],
+                    };
+                    if let (Some(col), Some(ty), Some(w)) = (col_ty, result_ty, &what) {
+                        if !col.compatible(ty) {
+                            self.type_error(*span, col, ty, w);
+                        }
+                    }
+                    head_terms.push(HeadTerm::Agg(*kind, irs));
+                }
+            }
+        }
+
+        let errors_after = self.diags.iter().filter(|d| d.is_error()).count();
+        if let (Some(head), true) = (head, errors_after == errors_before) {
+            let vars = vars.names.into_iter().zip(vars.types.into_iter().map(|t| t.unwrap_or(Type::Int))).collect();
+            let id = self.rules.len();
+            self.rules.push(Rule { id, head, head_terms, body, vars, span: r.span });
+        } else {
+            // Keep ids dense: a rule with errors is not added, and the program will not be built.
+        }
+    }
+
+    fn arity_error(&mut self, name: &ast::Ident, expected: usize, found: usize, span: Span) {
+        let decl = self.by_name.get(&name.name).map(|&r| self.relations[r].span);
+        let mut d = Diagnostic::error("arity", span, format!("`{}` has {} column(s), but {} argument(s) are given here", name.name, expected, found))
+            .with_help(format!("give `{}` exactly {} argument(s) (use `_` for columns you do not need)", name.name, expected));
+        if let Some(s) = decl {
+            d = d.with_note(s, "declared here");
+        }
+        self.error(d);
+    }
+
+    fn type_error(&mut self, span: Span, expected: Type, found: Type, what: &str) {
+        self.error(
+            Diagnostic::error("type", span, format!("type mismatch: {what} is {}, but this is {}", expected.keyword(), found.keyword()))
+                .with_help(if expected.is_text() { "use a string here; `++` turns an int into text" } else { "use an int here" }),
+        );
+    }
+
+    fn unify_var(&mut self, vars: &mut Vars, v: VarId, ty: Type, span: Span, what: &str) {
+        match vars.types[v] {
+            None => vars.types[v] = Some(ty),
+            Some(t) if t.compatible(ty) => {}
+            Some(t) => {
+                let first = vars.spans[v];
+                self.error(
+                    Diagnostic::error("type", span, format!("variable `{}` is {} here ({what}) but {} where it first appears", vars.names[v], ty.keyword(), t.keyword()))
+                        .with_note(first, "first appears here")
+                        .with_help("use two different variables, or fix the column types"),
+                );
+            }
+        }
+    }
+
+    fn register_vars(&mut self, vars: &mut Vars, e: &ast::Expr) {
+        match &e.kind {
+            ExprKind::Var(v) => {
+                vars.slot(v, e.span);
+            }
+            ExprKind::Neg(x) => self.register_vars(vars, x),
+            ExprKind::Bin(_, a, b) => {
+                self.register_vars(vars, a);
+                self.register_vars(vars, b);
+            }
+            ExprKind::Lit(_) | ExprKind::Wildcard => {}
+        }
+    }
+
+    fn expr_bound(&self, vars: &Vars, bound: &[bool], e: &ast::Expr) -> bool {
+        let mut names = BTreeSet::new();
+        collect_unbound(vars, bound, e, &mut names);
+        names.is_empty() && !has_wildcard(e)
+    }
+
+    /// A comparison becomes a filter when both sides are bound, or an assignment
+    /// when it is `x = e` (or `e = x`) with `x` unbound and `e` bound.
+    fn cmp_lit(&mut self, vars: &mut Vars, bound: &[bool], op: CmpOp, lhs: &ast::Expr, rhs: &ast::Expr) -> Option<Lit> {
+        if self.expr_bound(vars, bound, lhs) && self.expr_bound(vars, bound, rhs) {
+            let (l, lt) = self.expr(vars, lhs);
+            let (r, rt) = self.expr(vars, rhs);
+            if let (Some(a), Some(b)) = (lt, rt) {
+                if !a.compatible(b) {
+                    self.error(Diagnostic::error("type", lhs.span.to(rhs.span), format!("cannot compare {} with {}", a.keyword(), b.keyword()))
+                        .with_help("compare values of one type; `++` turns an int into text"));
+                }
+            }
+            return Some(Lit::Filter { op, lhs: l, rhs: r });
+        }
+        if op != CmpOp::Eq {
+            return None;
+        }
+        for (var_side, expr_side) in [(lhs, rhs), (rhs, lhs)] {
+            if let ExprKind::Var(name) = &var_side.kind {
+                let v = vars.slot(name, var_side.span);
+                if !bound[v] && self.expr_bound(vars, bound, expr_side) {
+                    let (e, ty) = self.expr(vars, expr_side);
+                    if let Some(ty) = ty {
+                        self.unify_var(vars, v, ty, var_side.span, "an assignment");
+                    }
+                    return Some(Lit::Assign { var: v, expr: e });
+                }
+            }
+        }
+        None
+    }
+
+    fn check_head_vars(&mut self, vars: &Vars, bound: &[bool], e: &ast::Expr) {
+        if has_wildcard(e) {
+            self.error(Diagnostic::error("wildcard-in-head", e.span, "`_` cannot appear in a rule head")
+                .with_help("a head needs a value for every column: use a bound variable or a constant"));
+        }
+        let mut names = BTreeSet::new();
+        collect_unbound(vars, bound, e, &mut names);
+        for n in names {
+            self.error(Diagnostic::error("unsafe-variable", e.span, format!("head variable `{n}` is not bound by the body"))
+                .with_help(format!("use `{n}` in a positive body atom, or bind it with `{n} = …` or `{n} in lo..hi`")));
+        }
+    }
+
+    fn typed_expr(&mut self, vars: &mut Vars, e: &ast::Expr, want: Option<Type>) -> Expr {
+        let (ir, ty) = self.expr(vars, e);
+        if let (Some(w), Some(t)) = (want, ty) {
+            if !w.compatible(t) {
+                self.type_error(e.span, w, t, "a range bound");
+            }
+        }
+        ir
+    }
+
+    /// Lowers and types an expression whose variables are all known.
+    fn expr(&mut self, vars: &mut Vars, e: &ast::Expr) -> (Expr, Option<Type>) {
+        match &e.kind {
+            ExprKind::Lit(l) => {
+                let (c, t) = lit_const(l);
+                (Expr::Const(c), Some(t))
+            }
+            ExprKind::Var(n) => {
+                let v = vars.slot(n, e.span);
+                (Expr::Var(v), vars.types[v])
+            }
+            ExprKind::Wildcard => (Expr::Const(Const::Int(0)), None),
+            ExprKind::Neg(x) => {
+                let (ir, t) = self.expr(vars, x);
+                if let Some(t) = t {
+                    if t != Type::Int {
+                        self.type_error(x.span, Type::Int, t, "the operand of unary `-`");
+                    }
+                }
+                (Expr::Neg(Box::new(ir)), Some(Type::Int))
+            }
+            ExprKind::Bin(op, a, b) => {
+                let (ia, ta) = self.expr(vars, a);
+                let (ib, tb) = self.expr(vars, b);
+                let ty = if *op == BinOp::Concat {
+                    Type::String
+                } else {
+                    for (t, x) in [(ta, a), (tb, b)] {
+                        if let Some(t) = t {
+                            if t != Type::Int {
+                                self.type_error(x.span, Type::Int, t, &format!("an operand of `{}`", op.symbol()));
+                            }
+                        }
+                    }
+                    Type::Int
+                };
+                (Expr::Bin(*op, Box::new(ia), Box::new(ib)), Some(ty))
+            }
+        }
+    }
+
+    /// Declared relations that nothing derives or reads.
+    fn usage(&mut self) {
+        let mut derived = vec![false; self.relations.len()];
+        let mut read = vec![false; self.relations.len()];
+        for r in &self.rules {
+            derived[r.head] = true;
+            for b in &r.body {
+                if let Lit::Pos { rel, .. } | Lit::Neg { rel, .. } = &b.lit {
+                    read[*rel] = true;
+                }
+            }
+        }
+        let had_errors = self.diags.iter().any(Diagnostic::is_error);
+        for (id, rel) in self.relations.iter().enumerate() {
+            let span = rel.span;
+            match rel.kind {
+                // With other errors, some rules were not kept: usage would be misreported.
+                _ if had_errors => {}
+                DeclKind::Output if !derived[id] => self.diags.push(
+                    Diagnostic::error("underived-output", span, format!("output `{}` is never derived by any rule", rel.name))
+                        .with_help(format!("add a rule `{}(…) :- ….` or remove the declaration", rel.name)),
+                ),
+                DeclKind::Input if !read[id] => self.diags.push(
+                    Diagnostic::warning("unused-input", span, format!("input `{}` is not read by any rule", rel.name))
+                        .with_help("use it in a rule body, or remove the declaration"),
+                ),
+                DeclKind::Relation if !derived[id] => self.diags.push(
+                    Diagnostic::error("underived-relation", span, format!("relation `{}` is never derived: it is always empty", rel.name))
+                        .with_help(format!("add a rule `{}(…) :- ….`, or declare it as an `input` with a key pattern", rel.name)),
+                ),
+                DeclKind::Relation if !read[id] => self.diags.push(
+                    Diagnostic::warning("unused-relation", span, format!("relation `{}` is derived but never read", rel.name))
+                        .with_help("use it in a rule body, make it an `output`, or remove it"),
+                ),
+                _ => {}
+            }
+        }
+    }
+
+    fn output_collisions(&mut self) {
+        let outs: Vec<RelId> = (0..self.relations.len()).filter(|&i| self.relations[i].kind == DeclKind::Output).collect();
+        for (n, &a) in outs.iter().enumerate() {
+            for &b in &outs[n + 1..] {
+                let (ra, rb) = (&self.relations[a], &self.relations[b]);
+                if let (Some(pa), Some(pb)) = (&ra.pattern, &rb.pattern) {
+                    if pa.overlaps(pb) {
+                        let d = Diagnostic::error("output-collision", rb.span, format!(
+                            "outputs `{}` (\"{}\") and `{}` (\"{}\") can write the same key",
+                            ra.name, pa.text, rb.name, pb.text))
+                            .with_note(ra.span, "the other output")
+                            .with_help("make the patterns differ in a literal segment or in length");
+                        self.diags.push(d);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Strongly connected components of the relation dependency graph, in
+    /// evaluation order; rejects negation and aggregation inside a component.
+    fn stratify(&mut self) -> Vec<Stratum> {
+        let n = self.relations.len();
+        let mut deps: Vec<Vec<RelId>> = vec![Vec::new(); n]; // head -> body relations
+        for r in &self.rules {
+            for b in &r.body {
+                if let Lit::Pos { rel, .. } | Lit::Neg { rel, .. } = &b.lit {
+                    deps[r.head].push(*rel);
+                }
+            }
+        }
+        let comp = sccs(&deps);
+        let ncomp = comp.iter().copied().max().map_or(0, |m| m + 1);
+        // `sccs` numbers components so that dependencies come first.
+        let mut strata: Vec<Stratum> = (0..ncomp).map(|_| Stratum { relations: vec![], rules: vec![], recursive: false }).collect();
+        for (rel, &c) in comp.iter().enumerate() {
+            strata[c].relations.push(rel);
+        }
+        for r in &self.rules {
+            let c = comp[r.head];
+            strata[c].rules.push(r.id);
+            for b in &r.body {
+                let (rel, neg) = match &b.lit {
+                    Lit::Pos { rel, .. } => (*rel, false),
+                    Lit::Neg { rel, .. } => (*rel, true),
+                    _ => continue,
+                };
+                if comp[rel] != c {
+                    continue;
+                }
+                strata[c].recursive = true;
+                if neg || r.has_aggregate() {
+                    let cycle = self.cycle_names(&deps, &comp, r.head, rel);
+                    let what = if neg { "negation" } else { "aggregation" };
+                    self.diags.push(
+                        Diagnostic::error("unstratifiable", b.span, format!("{what} through recursion: {cycle}"))
+                            .with_help(format!("a relation cannot depend on its own {} ; break the cycle with an intermediate relation computed from inputs only", if neg { "absence" } else { "aggregate" })),
+                    );
+                }
+            }
+        }
+        strata.retain(|s| !s.rules.is_empty() || s.relations.iter().any(|&r| self.relations[r].kind == DeclKind::Input));
+        strata
+    }
+
+    /// A readable cycle `a -> b -> a` from `head` through `via` back to `head`.
+    fn cycle_names(&self, deps: &[Vec<RelId>], comp: &[usize], head: RelId, via: RelId) -> String {
+        // BFS from `via` to `head` inside the component.
+        let c = comp[head];
+        let mut prev: HashMap<RelId, RelId> = HashMap::new();
+        let mut queue = std::collections::VecDeque::from([via]);
+        let mut seen = BTreeSet::from([via]);
+        while let Some(x) = queue.pop_front() {
+            if x == head {
+                break;
+            }
+            for &y in &deps[x] {
+                if comp[y] == c && seen.insert(y) {
+                    prev.insert(y, x);
+                    queue.push_back(y);
+                }
+            }
+        }
+        let mut path = vec![head];
+        let mut cur = head;
+        while cur != via {
+            match prev.get(&cur) {
+                Some(&p) => {
+                    path.push(p);
+                    cur = p;
+                }
+                None => break,
+            }
+        }
+        // path: head <- ... <- via ; the cycle reads head depends on via depends on ... head
+        let mut names: Vec<&str> = vec![&self.relations[head].name];
+        names.extend(path.iter().rev().map(|&r| self.relations[r].name.as_str()));
+        names.join(" depends on ")
+    }
+}
+
+/// Tarjan's algorithm, iterative. Components are numbered in the order Tarjan
+/// completes them, which puts dependencies first: for every edge `a -> b`
+/// (a depends on b), `comp[b] <= comp[a]`.
+fn sccs(deps: &[Vec<RelId>]) -> Vec<usize> {
+    const NONE: usize = usize::MAX;
+    let n = deps.len();
+    let mut index = vec![NONE; n];
+    let mut low = vec![0; n];
+    let mut on_stack = vec![false; n];
+    let mut stack = Vec::new();
+    let mut comp = vec![NONE; n];
+    let mut next_index = 0;
+    let mut next_comp = 0;
+    for root in 0..n {
+        if index[root] != NONE {
+            continue;
+        }
+        let mut call: Vec<(usize, usize)> = vec![(root, 0)];
+        while let Some(&mut (v, ref mut i)) = call.last_mut() {
+            if *i == 0 && index[v] == NONE {
+                index[v] = next_index;
+                low[v] = next_index;
+                next_index += 1;
+                stack.push(v);
+                on_stack[v] = true;
+            }
+            if *i < deps[v].len() {
+                let w = deps[v][*i];
+                *i += 1;
+                if index[w] == NONE {
+                    call.push((w, 0));
+                } else if on_stack[w] {
+                    low[v] = low[v].min(index[w]);
+                }
+                continue;
+            }
+            call.pop();
+            if let Some(&(parent, _)) = call.last() {
+                low[parent] = low[parent].min(low[v]);
+            }
+            if low[v] == index[v] {
+                while let Some(w) = stack.pop() {
+                    on_stack[w] = false;
+                    comp[w] = next_comp;
+                    if w == v {
+                        break;
+                    }
+                }
+                next_comp += 1;
+            }
+        }
+    }
+    comp
+}
+
+fn lit_const(l: &ast::Literal) -> (Const, Type) {
+    match l {
+        ast::Literal::Int(n) => (Const::Int(*n), Type::Int),
+        ast::Literal::Str(s) => (Const::Str(s.clone()), Type::String),
+    }
+}
+
+fn has_wildcard(e: &ast::Expr) -> bool {
+    match &e.kind {
+        ExprKind::Wildcard => true,
+        ExprKind::Neg(x) => has_wildcard(x),
+        ExprKind::Bin(_, a, b) => has_wildcard(a) || has_wildcard(b),
+        _ => false,
+    }
+}
+
+fn collect_unbound(vars: &Vars, bound: &[bool], e: &ast::Expr, out: &mut BTreeSet<String>) {
+    match &e.kind {
+        ExprKind::Var(n) => {
+            if let Some(i) = vars.names.iter().position(|x| x == n) {
+                if !bound[i] {
+                    out.insert(n.clone());
+                }
+            }
+        }
+        ExprKind::Neg(x) => collect_unbound(vars, bound, x, out),
+        ExprKind::Bin(_, a, b) => {
+            collect_unbound(vars, bound, a, out);
+            collect_unbound(vars, bound, b, out);
+        }
+        _ => {}
+    }
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}

@@ -1,0 +1,126 @@
+//! CCattler's rule language, front to back: [`syntax`] (text → [`ast`]),
+//! [`check`] (ast → [`program::Program`]), [`diag`] (what went wrong, rendered).
+//! The engine compiles from [`program::Program`] and nothing else.
+
+pub mod ast;
+pub mod check;
+pub mod diag;
+pub mod pattern;
+pub mod pretty;
+pub mod program;
+pub mod source;
+pub mod syntax;
+
+pub use diag::{Diagnostic, Severity};
+pub use program::Program;
+pub use source::{Sources, Span};
+
+use std::path::{Path, PathBuf};
+
+/// Reading rule files failed (as opposed to their contents being wrong).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: no such file or directory")]
+    Missing { path: PathBuf },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: no .rules files found")]
+    Empty { path: PathBuf },
+}
+
+/// The outcome of checking: the program if it is valid, and every diagnostic.
+pub struct Checked {
+    pub program: Option<Program>,
+    pub diagnostics: Vec<Diagnostic>,
+    pub sources: Sources,
+}
+
+impl Checked {
+    pub fn errors(&self) -> usize {
+        self.diagnostics.iter().filter(|d| d.is_error()).count()
+    }
+    pub fn render(&self) -> String {
+        diag::render(&self.sources, &self.diagnostics)
+    }
+}
+
+/// Expands files and directories (their `*.rules`, sorted) into rule file paths.
+pub fn rule_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
+    let mut out = Vec::new();
+    for path in paths {
+        let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => LoadError::Missing { path: path.clone() },
+            _ => LoadError::Io { path: path.clone(), source: e },
+        })?;
+        if meta.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(path)
+                .map_err(|e| LoadError::Io { path: path.clone(), source: e })?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "rules"))
+                .collect();
+            if found.is_empty() {
+                return Err(LoadError::Empty { path: path.clone() });
+            }
+            found.sort();
+            out.extend(found);
+        } else {
+            out.push(path.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Reads, parses and checks rule files and directories.
+pub fn load(paths: &[PathBuf]) -> Result<Checked, LoadError> {
+    let mut sources = Sources::new();
+    for path in rule_files(paths)? {
+        let text = std::fs::read_to_string(&path).map_err(|e| LoadError::Io { path: path.clone(), source: e })?;
+        sources.add(display_path(&path), text);
+    }
+    Ok(check_sources(sources))
+}
+
+fn display_path(p: &Path) -> String {
+    p.to_string_lossy().trim_start_matches("./").to_string()
+}
+
+/// Parses and checks sources already in memory.
+pub fn check_sources(sources: Sources) -> Checked {
+    let mut diagnostics = Vec::new();
+    let mut files = Vec::new();
+    for id in sources.ids() {
+        let (file, diags) = syntax::parse_file(id, sources.text(id));
+        files.push(file);
+        diagnostics.extend(diags);
+    }
+    let (program, check_diags) = if diagnostics.iter().any(Diagnostic::is_error) {
+        // Still check what parsed, so resolution errors show up in the same run.
+        let (_, d) = check::check(sources.clone(), &files);
+        (None, d)
+    } else {
+        check::check(sources.clone(), &files)
+    };
+    diagnostics.extend(check_diags);
+    diag::sort(&mut diagnostics);
+    Checked { program, diagnostics, sources }
+}
+
+/// Convenience for tests and tools: check one in-memory file.
+pub fn check_str(name: &str, text: &str) -> Checked {
+    let mut s = Sources::new();
+    s.add(name, text);
+    check_sources(s)
+}
+
+/// One-line summary of a valid program, as `ccattler check` prints it.
+pub fn summary(p: &Program) -> String {
+    format!(
+        "ok: {} file(s), {} relation(s) ({} input, {} output), {} rule(s), {} strata",
+        p.sources.len(),
+        p.relations.len(),
+        p.inputs().count(),
+        p.outputs().count(),
+        p.rules.len(),
+        p.strata.iter().filter(|s| !s.rules.is_empty()).count()
+    )
+}

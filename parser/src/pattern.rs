@@ -1,0 +1,206 @@
+//! Key patterns: `"intent/{writer}/service/{service}/instances"`. A placeholder
+//! is a whole `/`-separated segment naming a column; the one column that is not in
+//! the pattern, if any, holds the key's value.
+
+/// One `/`-separated part of a pattern.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Segment {
+    Lit(String),
+    /// A placeholder: the column index it binds.
+    Col(usize),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyPattern {
+    pub text: String,
+    pub segments: Vec<Segment>,
+    /// The column that takes the key's value; `None` for a presence fact.
+    pub value_column: Option<usize>,
+}
+
+/// Why a pattern text does not fit its relation's columns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PatternError {
+    EmptySegment,
+    UnknownColumn(String),
+    RepeatedColumn(String),
+    /// A placeholder mixed with text in one segment, or a stray brace.
+    BadSegment(String),
+    /// More than one column is not in the pattern.
+    TooManyValueColumns(Vec<String>),
+}
+
+impl std::fmt::Display for PatternError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PatternError::EmptySegment => write!(f, "key pattern has an empty segment (`//`, or a leading or trailing `/`)"),
+            PatternError::UnknownColumn(c) => write!(f, "placeholder `{{{c}}}` names no column"),
+            PatternError::RepeatedColumn(c) => write!(f, "placeholder `{{{c}}}` appears twice"),
+            PatternError::BadSegment(s) => write!(f, "segment `{s}` mixes a placeholder with text"),
+            PatternError::TooManyValueColumns(cs) => {
+                write!(f, "columns {} are not in the key pattern; at most one column can take the value", cs.join(", "))
+            }
+        }
+    }
+}
+
+impl KeyPattern {
+    /// Parses `text` against the relation's column names.
+    pub fn parse(text: &str, columns: &[&str]) -> Result<KeyPattern, PatternError> {
+        let mut segments = Vec::new();
+        let mut seen = vec![false; columns.len()];
+        for seg in text.split('/') {
+            if seg.is_empty() {
+                return Err(PatternError::EmptySegment);
+            }
+            if let Some(inner) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                if inner.contains(['{', '}']) {
+                    return Err(PatternError::BadSegment(seg.to_string()));
+                }
+                let Some(col) = columns.iter().position(|c| *c == inner) else {
+                    return Err(PatternError::UnknownColumn(inner.to_string()));
+                };
+                if std::mem::replace(&mut seen[col], true) {
+                    return Err(PatternError::RepeatedColumn(inner.to_string()));
+                }
+                segments.push(Segment::Col(col));
+            } else if seg.contains(['{', '}']) {
+                return Err(PatternError::BadSegment(seg.to_string()));
+            } else {
+                segments.push(Segment::Lit(seg.to_string()));
+            }
+        }
+        let missing: Vec<usize> = (0..columns.len()).filter(|c| !seen[*c]).collect();
+        if missing.len() > 1 {
+            return Err(PatternError::TooManyValueColumns(missing.iter().map(|c| columns[*c].to_string()).collect()));
+        }
+        Ok(KeyPattern { text: text.to_string(), segments, value_column: missing.first().copied() })
+    }
+
+    /// Matches a key; on success returns each placeholder's text by column
+    /// (`None` at the value column).
+    pub fn match_key<'k>(&self, key: &'k str) -> Option<Vec<Option<&'k str>>> {
+        let ncols = self.segments.iter().filter(|s| matches!(s, Segment::Col(_))).count()
+            + usize::from(self.value_column.is_some());
+        let mut out = vec![None; ncols];
+        let mut parts = key.split('/');
+        for seg in &self.segments {
+            let part = parts.next()?;
+            match seg {
+                Segment::Lit(l) => {
+                    if l != part {
+                        return None;
+                    }
+                }
+                Segment::Col(c) => {
+                    if part.is_empty() {
+                        return None;
+                    }
+                    out[*c] = Some(part);
+                }
+            }
+        }
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(out)
+    }
+
+    /// Builds a key from each column's text (the value column's entry is ignored).
+    pub fn render(&self, cols: &[String]) -> String {
+        let mut key = String::new();
+        for (i, seg) in self.segments.iter().enumerate() {
+            if i > 0 {
+                key.push('/');
+            }
+            match seg {
+                Segment::Lit(l) => key.push_str(l),
+                Segment::Col(c) => key.push_str(&cols[*c]),
+            }
+        }
+        key
+    }
+
+    /// The literal text before the first placeholder: what to read or watch in etcd.
+    pub fn prefix(&self) -> String {
+        let mut p = String::new();
+        for seg in &self.segments {
+            match seg {
+                Segment::Lit(l) => {
+                    p.push_str(l);
+                    p.push('/');
+                }
+                Segment::Col(_) => return p,
+            }
+        }
+        p.pop(); // a pattern without placeholders is one exact key
+        p
+    }
+
+    /// Whether some key could match both patterns.
+    pub fn overlaps(&self, other: &KeyPattern) -> bool {
+        self.segments.len() == other.segments.len()
+            && self.segments.iter().zip(&other.segments).all(|(a, b)| match (a, b) {
+                (Segment::Lit(x), Segment::Lit(y)) => x == y,
+                _ => true,
+            })
+    }
+}
+
+/// DESIGN's name rule: `[a-z0-9]([a-z0-9._-]*[a-z0-9])?`, at most 63 characters.
+pub fn is_valid_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    let edge = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 63
+        && edge(b[0])
+        && edge(b[b.len() - 1])
+        && b.iter().all(|&c| edge(c) || matches!(c, b'.' | b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_match_render() {
+        let p = KeyPattern::parse("intent/{writer}/service/{service}/instances", &["writer", "service", "count"]).unwrap();
+        assert_eq!(p.value_column, Some(2));
+        assert_eq!(p.prefix(), "intent/");
+        let m = p.match_key("intent/user/service/web/instances").unwrap();
+        assert_eq!(m, vec![Some("user"), Some("web"), None]);
+        assert!(p.match_key("intent/user/service/web/instances/x").is_none());
+        assert!(p.match_key("intent/user/service/web").is_none());
+        assert!(p.match_key("intent//service/web/instances").is_none());
+        assert_eq!(p.render(&["user".into(), "web".into(), String::new()]), "intent/user/service/web/instances");
+    }
+
+    #[test]
+    fn pattern_errors() {
+        assert_eq!(KeyPattern::parse("a/{x}/{y}", &["x"]), Err(PatternError::UnknownColumn("y".into())));
+        assert_eq!(KeyPattern::parse("a/{x}/{x}", &["x"]), Err(PatternError::RepeatedColumn("x".into())));
+        assert_eq!(KeyPattern::parse("a//b", &[]), Err(PatternError::EmptySegment));
+        assert_eq!(KeyPattern::parse("a/x{y}", &["y"]), Err(PatternError::BadSegment("x{y}".into())));
+        assert!(matches!(KeyPattern::parse("a", &["x", "y"]), Err(PatternError::TooManyValueColumns(_))));
+        assert_eq!(KeyPattern::parse("status/leader", &[]).unwrap().prefix(), "status/leader");
+    }
+
+    #[test]
+    fn overlap() {
+        let a = KeyPattern::parse("e/{s}/x", &["s"]).unwrap();
+        let b = KeyPattern::parse("e/web/{f}", &["f"]).unwrap();
+        let c = KeyPattern::parse("e/{s}/y", &["s"]).unwrap();
+        assert!(a.overlaps(&b));
+        assert!(!a.overlaps(&c));
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["web", "a", "node-1", "web-0", "a.b_c", "0"] {
+            assert!(is_valid_name(ok), "{ok}");
+        }
+        for bad in ["", "Web", "-a", "a-", "a/b", "LOG_LEVEL", &"a".repeat(64)] {
+            assert!(!is_valid_name(bad), "{bad}");
+        }
+    }
+}

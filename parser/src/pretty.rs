@@ -1,0 +1,99 @@
+//! AST → text. Printing then parsing gives back the same AST (modulo spans);
+//! the property tests hold it to that.
+
+use crate::ast::*;
+use std::fmt::Write;
+
+pub fn file(f: &File) -> String {
+    let mut out = String::new();
+    for item in &f.items {
+        match item {
+            Item::Decl(d) => decl(&mut out, d),
+            Item::Rule(r) => rule(&mut out, r),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn decl(out: &mut String, d: &Decl) {
+    let kw = match d.kind {
+        DeclKind::Input => "input",
+        DeclKind::Output => "output",
+        DeclKind::Relation => "relation",
+    };
+    let cols: Vec<String> = d.columns.iter().map(|c| format!("{}: {}", c.name.name, c.ty.keyword())).collect();
+    let _ = write!(out, "{kw} {}({})", d.name.name, cols.join(", "));
+    if let Some((p, _)) = &d.pattern {
+        let word = if d.kind == DeclKind::Input { "from" } else { "to" };
+        let _ = write!(out, " {word} {}", string(p));
+    }
+}
+
+fn rule(out: &mut String, r: &Rule) {
+    let terms: Vec<String> = r
+        .head_terms
+        .iter()
+        .map(|t| match t {
+            HeadTerm::Expr(e) => expr(e),
+            HeadTerm::Agg(k, args, _) => format!("{}({})", k.keyword(), args.iter().map(expr).collect::<Vec<_>>().join(", ")),
+        })
+        .collect();
+    let _ = write!(out, "{}({})", r.head.name, terms.join(", "));
+    if !r.body.is_empty() {
+        let items: Vec<String> = r.body.iter().map(body_item).collect();
+        let _ = write!(out, " :- {}", items.join(", "));
+    }
+    out.push('.');
+}
+
+fn atom(a: &Atom) -> String {
+    format!("{}({})", a.relation.name, a.args.iter().map(expr).collect::<Vec<_>>().join(", "))
+}
+
+fn body_item(b: &BodyItem) -> String {
+    match b {
+        BodyItem::Pos(a) => atom(a),
+        BodyItem::Neg(a) => format!("not {}", atom(a)),
+        BodyItem::Cmp(op, l, r, _) => format!("{} {} {}", expr(l), op.symbol(), expr(r)),
+        BodyItem::Range(v, lo, hi, _) => format!("{} in {}..{}", v.name, expr(lo), expr(hi)),
+    }
+}
+
+/// Quotes a string with the language's escapes.
+pub fn string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+pub fn expr(e: &Expr) -> String {
+    prec_expr(e, 0)
+}
+
+fn prec_expr(e: &Expr, min: u8) -> String {
+    match &e.kind {
+        ExprKind::Lit(Literal::Int(n)) => {
+            if *n < 0 && min > 0 { format!("({n})") } else { n.to_string() }
+        }
+        ExprKind::Lit(Literal::Str(s)) => string(s),
+        ExprKind::Var(v) => v.clone(),
+        ExprKind::Wildcard => "_".into(),
+        ExprKind::Neg(x) => format!("-{}", prec_expr(x, 4)),
+        ExprKind::Bin(op, a, b) => {
+            let p = op.precedence();
+            // Left-associative: the right operand needs parentheses at equal precedence.
+            let s = format!("{} {} {}", prec_expr(a, p), op.symbol(), prec_expr(b, p + 1));
+            if p < min { format!("({s})") } else { s }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The checked program: relations resolved to ids, variables to slots, types
+//! known, rule bodies in evaluation order, and strata. This is the interface
+//! the engine compiles from.
+
+use crate::ast::{AggKind, BinOp, CmpOp, DeclKind, Type};
+use crate::pattern::KeyPattern;
+use crate::source::{Sources, Span};
+
+pub type RelId = usize;
+pub type VarId = usize;
+pub type RuleId = usize;
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Const {
+    Int(i64),
+    Str(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct ColumnDef {
+    pub name: String,
+    pub ty: Type,
+}
+
+#[derive(Clone, Debug)]
+pub struct Relation {
+    pub name: String,
+    pub kind: DeclKind,
+    pub columns: Vec<ColumnDef>,
+    /// `from` pattern of an input, `to` pattern of an output.
+    pub pattern: Option<KeyPattern>,
+    pub span: Span,
+}
+
+impl Relation {
+    pub fn arity(&self) -> usize {
+        self.columns.len()
+    }
+}
+
+/// An argument of a body atom.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Term {
+    Var(VarId),
+    Const(Const),
+    Wildcard,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expr {
+    Const(Const),
+    Var(VarId),
+    Neg(Box<Expr>),
+    Bin(BinOp, Box<Expr>, Box<Expr>),
+}
+
+impl Expr {
+    pub fn vars(&self, out: &mut Vec<VarId>) {
+        match self {
+            Expr::Const(_) => {}
+            Expr::Var(v) => out.push(*v),
+            Expr::Neg(e) => e.vars(out),
+            Expr::Bin(_, a, b) => {
+                a.vars(out);
+                b.vars(out);
+            }
+        }
+    }
+}
+
+/// A body literal, in evaluation order: every variable a literal reads is bound
+/// by an earlier one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lit {
+    /// Join with (or, first, scan) a relation.
+    Pos { rel: RelId, args: Vec<Term> },
+    /// Keep bindings for which no matching fact exists.
+    Neg { rel: RelId, args: Vec<Term> },
+    /// Keep bindings where the comparison holds.
+    Filter { op: CmpOp, lhs: Expr, rhs: Expr },
+    /// Bind a new variable to a value.
+    Assign { var: VarId, expr: Expr },
+    /// Bind a new variable to each integer of `[lo, hi)`.
+    Range { var: VarId, lo: Expr, hi: Expr },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BodyLit {
+    pub lit: Lit,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeadTerm {
+    Expr(Expr),
+    Agg(AggKind, Vec<Expr>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub id: RuleId,
+    pub head: RelId,
+    pub head_terms: Vec<HeadTerm>,
+    pub body: Vec<BodyLit>,
+    /// Variable names by slot, and their types.
+    pub vars: Vec<(String, Type)>,
+    pub span: Span,
+}
+
+impl Rule {
+    pub fn has_aggregate(&self) -> bool {
+        self.head_terms.iter().any(|t| matches!(t, HeadTerm::Agg(..)))
+    }
+}
+
+/// A strongly connected component of the dependency graph, in evaluation order.
+#[derive(Clone, Debug)]
+pub struct Stratum {
+    pub relations: Vec<RelId>,
+    pub rules: Vec<RuleId>,
+    /// Some rule reads a relation of its own stratum.
+    pub recursive: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Program {
+    pub sources: Sources,
+    pub relations: Vec<Relation>,
+    pub rules: Vec<Rule>,
+    pub strata: Vec<Stratum>,
+}
+
+impl Program {
+    pub fn relation(&self, name: &str) -> Option<RelId> {
+        self.relations.iter().position(|r| r.name == name)
+    }
+    /// `file:line` of a rule and its source text, for explanations.
+    pub fn rule_location(&self, rule: RuleId) -> String {
+        let span = self.rules[rule].span;
+        let (line, _) = self.sources.line_col(span.file, span.start);
+        format!("{}:{}", self.sources.name(span.file), line)
+    }
+    pub fn rule_text(&self, rule: RuleId) -> &str {
+        self.sources.slice(self.rules[rule].span)
+    }
+    pub fn inputs(&self) -> impl Iterator<Item = (RelId, &Relation)> {
+        self.relations.iter().enumerate().filter(|(_, r)| r.kind == DeclKind::Input)
+    }
+    pub fn outputs(&self) -> impl Iterator<Item = (RelId, &Relation)> {
+        self.relations.iter().enumerate().filter(|(_, r)| r.kind == DeclKind::Output)
+    }
+}
+
+/// Evaluates a constant-free comparison of two values of one type class.
+pub fn compare(op: CmpOp, a: &std::cmp::Ordering) -> bool {
+    use std::cmp::Ordering::*;
+    match op {
+        CmpOp::Eq => *a == Equal,
+        CmpOp::Ne => *a != Equal,
+        CmpOp::Lt => *a == Less,
+        CmpOp::Le => *a != Greater,
+        CmpOp::Gt => *a == Greater,
+        CmpOp::Ge => *a != Less,
+    }
+}

@@ -1,0 +1,516 @@
+//! Text → [`ast::File`], with nom. Never panics; on a syntax error it records a
+//! diagnostic, skips to the end of the statement and goes on, so one run reports
+//! every broken statement.
+
+use crate::ast::*;
+use crate::diag::Diagnostic;
+use crate::source::{FileId, Span};
+use nom::bytes::complete::{tag, take_while, take_while1};
+use nom::character::complete::{char, digit1, satisfy};
+use nom::combinator::{opt, peek, recognize};
+use nom::error::{ErrorKind, ParseError};
+use nom::sequence::pair;
+use nom::{IResult, Parser};
+
+/// A parse failure: where (as remaining input length) and what was expected there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyntaxError {
+    remaining: usize,
+    expected: String,
+}
+
+impl<'a> ParseError<&'a str> for SyntaxError {
+    fn from_error_kind(input: &'a str, kind: ErrorKind) -> Self {
+        SyntaxError { remaining: input.len(), expected: format!("{kind:?}").to_lowercase() }
+    }
+    fn append(_: &'a str, _: ErrorKind, other: Self) -> Self {
+        other
+    }
+    fn or(self, other: Self) -> Self {
+        // Keep the error that got furthest; it says the most.
+        if other.remaining <= self.remaining { other } else { self }
+    }
+}
+
+type PResult<'a, O> = IResult<&'a str, O, SyntaxError>;
+
+fn fail<'a, O>(input: &'a str, expected: impl Into<String>) -> PResult<'a, O> {
+    Err(nom::Err::Error(SyntaxError { remaining: input.len(), expected: expected.into() }))
+}
+
+/// Turns a recoverable error into a committed one (nom's `cut`).
+fn commit<O>(r: PResult<'_, O>) -> PResult<'_, O> {
+    r.map_err(|e| match e {
+        nom::Err::Error(e) => nom::Err::Failure(e),
+        other => other,
+    })
+}
+
+/// Parses one file. Syntax errors come back as diagnostics next to whatever parsed.
+pub fn parse_file(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
+    let p = P { file, len: text.len() };
+    let mut items = Vec::new();
+    let mut diags = Vec::new();
+    let mut rest = text;
+    loop {
+        rest = match p.ws(rest) {
+            Ok((r, _)) => r,
+            Err(_) => rest,
+        };
+        if rest.is_empty() {
+            break;
+        }
+        match p.item(rest) {
+            Ok((r, item)) => {
+                items.push(item);
+                rest = r;
+            }
+            Err(nom::Err::Error(e) | nom::Err::Failure(e)) => {
+                let at = p.len - e.remaining;
+                let found = describe_found(&text[at..]);
+                diags.push(
+                    Diagnostic::error(
+                        "syntax",
+                        Span::new(file, at, next_char_end(text, at)),
+                        format!("expected {}, found {}", e.expected, found),
+                    )
+                    .with_help(
+                        "a statement is a declaration (`input r(c: string) from \"k/{c}\"`) or a rule \
+                         (`head(x) :- body(x).`) ending with `.`",
+                    ),
+                );
+                rest = &text[skip_statement(text, p.len - rest.len(), at)..];
+            }
+            Err(nom::Err::Incomplete(_)) => break, // complete parsers never say this
+        }
+    }
+    (File { items }, diags)
+}
+
+fn next_char_end(text: &str, at: usize) -> usize {
+    text[at..].chars().next().map_or(at, |c| at + c.len_utf8())
+}
+
+fn describe_found(rest: &str) -> String {
+    match rest.chars().next() {
+        None => "end of file".into(),
+        Some('\n') => "end of line".into(),
+        Some(c) => format!("`{}`", c.escape_debug()),
+    }
+}
+
+/// Where to resume after a syntax error: just past the next `.` that ends a
+/// statement (not inside a string or comment, not part of `..`), at or after
+/// the error; or the next line that starts a declaration.
+fn skip_statement(text: &str, stmt_start: usize, error_at: usize) -> usize {
+    let bytes = text.as_bytes();
+    let mut i = stmt_start;
+    let mut in_str = false;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_str {
+            if b == b'\\' {
+                i += 1;
+            } else if b == b'"' || b == b'\n' {
+                in_str = false;
+            }
+        } else if b == b'"' {
+            in_str = true;
+        } else if b == b'/' && bytes.get(i + 1) == Some(&b'/') {
+            while i < bytes.len() && bytes[i] != b'\n' {
+                i += 1;
+            }
+            continue;
+        } else if b == b'.' && i >= error_at {
+            let double = bytes.get(i + 1) == Some(&b'.') || (i > 0 && bytes[i - 1] == b'.');
+            if !double {
+                return i + 1;
+            }
+        } else if b == b'\n' && i >= error_at {
+            let line = &text[i + 1..];
+            let starts_decl = ["input ", "output ", "relation "].iter().any(|k| line.starts_with(k));
+            if starts_decl {
+                return i + 1;
+            }
+        }
+        i += 1;
+    }
+    text.len()
+}
+
+struct P {
+    file: FileId,
+    len: usize,
+}
+
+fn is_ident_start(c: char) -> bool {
+    c.is_ascii_alphabetic() || c == '_'
+}
+fn is_ident_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+impl P {
+    fn pos(&self, rest: &str) -> usize {
+        self.len - rest.len()
+    }
+    fn span(&self, before: &str, after: &str) -> Span {
+        Span::new(self.file, self.pos(before), self.pos(after))
+    }
+
+    /// Whitespace and `//` comments.
+    fn ws<'a>(&self, mut i: &'a str) -> PResult<'a, ()> {
+        loop {
+            let t = i.trim_start();
+            if let Some(c) = t.strip_prefix("//") {
+                i = c.find('\n').map_or("", |n| &c[n..]);
+            } else {
+                return Ok((t, ()));
+            }
+        }
+    }
+
+    /// A token: the parser, then trailing whitespace.
+    fn tok<'a>(&self, i: &'a str, t: &'static str) -> PResult<'a, &'a str> {
+        let (r, s) = match tag::<_, _, SyntaxError>(t).parse(i) {
+            Ok(x) => x,
+            Err(_) => return fail(i, format!("`{t}`")),
+        };
+        let (r, _) = self.ws(r)?;
+        Ok((r, s))
+    }
+
+    fn raw_ident<'a>(&self, i: &'a str) -> PResult<'a, &'a str> {
+        recognize(pair(satisfy(is_ident_start), take_while(is_ident_char))).parse(i)
+    }
+
+    /// An identifier that is not followed by more identifier characters.
+    fn keyword<'a>(&self, i: &'a str, kw: &'static str) -> PResult<'a, ()> {
+        match self.raw_ident(i) {
+            Ok((r, w)) if w == kw => {
+                let (r, _) = self.ws(r)?;
+                Ok((r, ()))
+            }
+            _ => fail(i, format!("`{kw}`")),
+        }
+    }
+
+    fn ident<'a>(&self, i: &'a str, what: &str) -> PResult<'a, Ident> {
+        let (r, name) = match self.raw_ident(i) {
+            Ok(x) => x,
+            Err(_) => return fail(i, what.to_string()),
+        };
+        if KEYWORDS.contains(&name) {
+            return fail(i, format!("{what} (`{name}` is a keyword)"));
+        }
+        let span = self.span(i, r);
+        let (r, _) = self.ws(r)?;
+        Ok((r, Ident { name: name.to_string(), span }))
+    }
+
+    fn string_lit<'a>(&self, i: &'a str) -> PResult<'a, (String, Span)> {
+        let Some(mut rest) = i.strip_prefix('"') else { return fail(i, "a string") };
+        let mut out = String::new();
+        loop {
+            let mut chars = rest.chars();
+            match chars.next() {
+                None | Some('\n') => return Err(nom::Err::Failure(SyntaxError {
+                    remaining: rest.len(),
+                    expected: "a closing `\"`".into(),
+                })),
+                Some('"') => {
+                    rest = chars.as_str();
+                    break;
+                }
+                Some('\\') => {
+                    let esc = match chars.next() {
+                        Some('"') => '"',
+                        Some('\\') => '\\',
+                        Some('n') => '\n',
+                        Some('t') => '\t',
+                        _ => {
+                            return Err(nom::Err::Failure(SyntaxError {
+                                remaining: rest.len(),
+                                expected: "an escape: \\\" \\\\ \\n or \\t".into(),
+                            }))
+                        }
+                    };
+                    out.push(esc);
+                    rest = chars.as_str();
+                }
+                Some(c) => {
+                    out.push(c);
+                    rest = chars.as_str();
+                }
+            }
+        }
+        let span = self.span(i, rest);
+        let (rest, _) = self.ws(rest)?;
+        Ok((rest, (out, span)))
+    }
+
+    fn item<'a>(&self, i: &'a str) -> PResult<'a, Item> {
+        for (kw, kind) in [("input", DeclKind::Input), ("output", DeclKind::Output), ("relation", DeclKind::Relation)] {
+            if let Ok((r, ())) = self.keyword(i, kw) {
+                return commit(self.decl(i, r, kind)).map(|(r, d)| (r, Item::Decl(d)));
+            }
+        }
+        self.rule(i).map(|(r, x)| (r, Item::Rule(x)))
+    }
+
+    /// `input NAME(COL: TYPE, …) from "PATTERN"` (and `output … to`, `relation …`), optional `.`.
+    fn decl<'a>(&self, start: &'a str, i: &'a str, kind: DeclKind) -> PResult<'a, Decl> {
+        let (i, name) = self.ident(i, "a relation name")?;
+        let (i, _) = self.tok(i, "(")?;
+        let mut columns = Vec::new();
+        let mut i = i;
+        if self.tok(i, ")").is_err() {
+            loop {
+                let (r, col) = self.ident(i, "a column name")?;
+                let (r, _) = self.tok(r, ":")?;
+                let ty_start = r;
+                let (r, ty_word) = self.raw_ident(r).or_else(|_| fail(r, "a type: string, name or int"))?;
+                let ty = match ty_word {
+                    "string" => Type::String,
+                    "name" => Type::Name,
+                    "int" => Type::Int,
+                    _ => return fail(ty_start, "a type: string, name or int"),
+                };
+                let ty_span = self.span(ty_start, r);
+                let (r, _) = self.ws(r)?;
+                columns.push(Column { name: col, ty, ty_span });
+                if let Ok((r, _)) = self.tok(r, ",") {
+                    i = r;
+                    continue;
+                }
+                i = r;
+                break;
+            }
+        }
+        let close = self.pos(i) + 1;
+        let (i, _) = self.tok(i, ")").or_else(|_| fail(i, "`,` or `)`"))?;
+        let mut end = close;
+        let (i, pattern) = match kind {
+            DeclKind::Relation => (i, None),
+            DeclKind::Input | DeclKind::Output => {
+                let word = if kind == DeclKind::Input { "from" } else { "to" };
+                let (r, _) = self.keyword(i, word).or_else(|_| {
+                    fail(i, format!("`{word}` and a key pattern, e.g. {word} \"prefix/{{column}}\""))
+                })?;
+                let (r, pat) = self.string_lit(r)?;
+                end = pat.1.end;
+                (r, Some(pat))
+            }
+        };
+        let dot_at = self.pos(i) + 1;
+        let (i, dot) = opt(|x| self.tok_dot(x)).parse(i)?;
+        if dot.is_some() {
+            end = dot_at;
+        }
+        let span = Span::new(self.file, self.pos(start), end);
+        Ok((i, Decl { kind, name, columns, pattern, span }))
+    }
+
+    /// `head(t, …) :- item, … .` or a fact `head(c, …).`
+    fn rule<'a>(&self, start: &'a str) -> PResult<'a, Rule> {
+        let (i, head) = self.ident(start, "a declaration (`input`, `output`, `relation`) or a rule")?;
+        let (i, _) = self.tok(i, "(")?;
+        let (i, head_terms) = commit(self.list(i, |x| self.head_term(x)))?;
+        let head_end = self.pos(i) + 1;
+        let (i, _) = commit(self.tok(i, ")").or_else(|_| fail(i, "`,` or `)`")))?;
+        let (i, body) = match self.tok(i, ":-") {
+            Ok((r, _)) => {
+                let (r, first) = commit(self.body_item(r))?;
+                let mut body = vec![first];
+                let mut r = r;
+                while let Ok((r2, _)) = self.tok(r, ",") {
+                    let (r3, item) = commit(self.body_item(r2))?;
+                    body.push(item);
+                    r = r3;
+                }
+                (r, body)
+            }
+            Err(_) => (i, vec![]),
+        };
+        let expected_end = if body.is_empty() { "`:-` or `.`" } else { "`,` or `.` ending the rule" };
+        let (end, _) = commit(self.tok_dot(i).or_else(|_| fail(i, expected_end)))?;
+        let dot_end = self.pos(i) + 1;
+        let span = Span::new(self.file, self.pos(start), dot_end);
+        let head_span = Span::new(self.file, self.pos(start), head_end);
+        Ok((end, Rule { head, head_terms, head_span, body, span }))
+    }
+
+    /// A `.` that is not the start of `..`.
+    fn tok_dot<'a>(&self, i: &'a str) -> PResult<'a, ()> {
+        if i.starts_with('.') && !i.starts_with("..") {
+            let (r, _) = self.ws(&i[1..])?;
+            Ok((r, ()))
+        } else {
+            fail(i, "`.`")
+        }
+    }
+
+    /// Zero or more comma-separated items, stopping before `)`.
+    fn list<'a, T>(&self, i: &'a str, mut item: impl FnMut(&'a str) -> PResult<'a, T>) -> PResult<'a, Vec<T>> {
+        let mut out = Vec::new();
+        if peek(char::<_, SyntaxError>(')')).parse(i).is_ok() {
+            return Ok((i, out));
+        }
+        let (mut i, first) = item(i)?;
+        out.push(first);
+        while let Ok((r, _)) = self.tok(i, ",") {
+            let (r, x) = item(r)?;
+            out.push(x);
+            i = r;
+        }
+        Ok((i, out))
+    }
+
+    fn head_term<'a>(&self, i: &'a str) -> PResult<'a, HeadTerm> {
+        if let Ok((r, word)) = self.raw_ident(i) {
+            let kind = AggKind::ALL.into_iter().find(|k| k.keyword() == word);
+            if let (Some(kind), Ok((r, _))) = (kind, self.ws(r).and_then(|(r, _)| self.tok(r, "("))) {
+                let (r, args) = self.list(r, |x| self.expr(x))?;
+                let (r2, _) = self.tok(r, ")").or_else(|_| fail(r, "`,` or `)`"))?;
+                let span = Span::new(self.file, self.pos(i), self.pos(r) + 1);
+                return Ok((r2, HeadTerm::Agg(kind, args, span)));
+            }
+        }
+        self.expr(i).map(|(r, e)| (r, HeadTerm::Expr(e)))
+    }
+
+    fn atom<'a>(&self, i: &'a str) -> PResult<'a, Atom> {
+        let (r, relation) = self.ident(i, "a relation name")?;
+        let (r, _) = self.tok(r, "(")?;
+        let (r, args) = self.list(r, |x| self.expr(x))?;
+        let (r2, _) = self.tok(r, ")").or_else(|_| fail(r, "`,` or `)`"))?;
+        let span = Span::new(self.file, self.pos(i), self.pos(r) + 1);
+        Ok((r2, Atom { relation, args, span }))
+    }
+
+    fn body_item<'a>(&self, i: &'a str) -> PResult<'a, BodyItem> {
+        if let Ok((r, ())) = self.keyword(i, "not") {
+            let (r, a) = commit(self.atom(r))?;
+            return Ok((r, BodyItem::Neg(a)));
+        }
+        // `rel(` starts an atom.
+        if let Ok((r, _)) = self.raw_ident(i) {
+            if self.ws(r).map_or(false, |(r, _)| r.starts_with('(')) {
+                return self.atom(i).map(|(r, a)| (r, BodyItem::Pos(a)));
+            }
+            // `v in lo..hi`
+            if let Ok((r2, v)) = self.ident(i, "a variable") {
+                if let Ok((r3, ())) = self.keyword(r2, "in") {
+                    let (r4, lo) = commit(self.expr(r3))?;
+                    let (r5, _) = commit(self.tok(r4, "..").or_else(|_| fail(r4, "`..` (a range is `lo..hi`)")))?;
+                    let (r6, hi) = commit(self.expr(r5))?;
+                    let span = Span::new(self.file, self.pos(i), hi.span.end);
+                    return Ok((r6, BodyItem::Range(v, lo, hi, span)));
+                }
+            }
+        }
+        let (r, lhs) = self.expr(i).or_else(|_| fail(i, "an atom, `not` atom, comparison or range"))?;
+        let (r, op) = self.cmp_op(r)?;
+        let (r, rhs) = commit(self.expr(r))?;
+        let span = lhs.span.to(rhs.span);
+        Ok((r, BodyItem::Cmp(op, lhs, rhs, span)))
+    }
+
+    fn cmp_op<'a>(&self, i: &'a str) -> PResult<'a, CmpOp> {
+        let ops = [("!=", CmpOp::Ne), ("<=", CmpOp::Le), (">=", CmpOp::Ge), ("<", CmpOp::Lt), (">", CmpOp::Gt), ("=", CmpOp::Eq)];
+        for (t, op) in ops {
+            if let Ok((r, _)) = self.tok(i, t) {
+                return Ok((r, op));
+            }
+        }
+        fail(i, "a comparison (= != < <= > >=)")
+    }
+
+    /// Precedence climbing over `++` < `+ -` < `* / %`.
+    fn expr<'a>(&self, i: &'a str) -> PResult<'a, Expr> {
+        self.expr_prec(i, 1)
+    }
+
+    fn expr_prec<'a>(&self, i: &'a str, min_prec: u8) -> PResult<'a, Expr> {
+        let (mut i, mut lhs) = self.unary(i)?;
+        loop {
+            let Some((r, op)) = self.bin_op(i) else { break };
+            if op.precedence() < min_prec {
+                break;
+            }
+            let (r, rhs) = commit(self.expr_prec(r, op.precedence() + 1))?;
+            let span = lhs.span.to(rhs.span);
+            lhs = Expr { kind: ExprKind::Bin(op, Box::new(lhs), Box::new(rhs)), span };
+            i = r;
+        }
+        Ok((i, lhs))
+    }
+
+    fn bin_op<'a>(&self, i: &'a str) -> Option<(&'a str, BinOp)> {
+        let ops = [("++", BinOp::Concat), ("+", BinOp::Add), ("-", BinOp::Sub), ("*", BinOp::Mul), ("/", BinOp::Div), ("%", BinOp::Rem)];
+        for (t, op) in ops {
+            if i.starts_with(t) {
+                return self.tok(i, t).ok().map(|(r, _)| (r, op));
+            }
+        }
+        None
+    }
+
+    fn unary<'a>(&self, i: &'a str) -> PResult<'a, Expr> {
+        if let Ok((r, _)) = self.tok(i, "-") {
+            let (r, inner) = commit(self.unary(r))?;
+            let span = Span::new(self.file, self.pos(i), inner.span.end);
+            // Fold `-<int>` into a literal so that i64::MIN is writable.
+            if let ExprKind::Lit(Literal::Int(n)) = inner.kind {
+                if n >= 0 {
+                    return Ok((r, Expr { kind: ExprKind::Lit(Literal::Int(-n)), span }));
+                }
+            }
+            return Ok((r, Expr { kind: ExprKind::Neg(Box::new(inner)), span }));
+        }
+        self.primary(i)
+    }
+
+    fn primary<'a>(&self, i: &'a str) -> PResult<'a, Expr> {
+        if i.starts_with('"') {
+            let (r, (s, span)) = self.string_lit(i)?;
+            return Ok((r, Expr { kind: ExprKind::Lit(Literal::Str(s)), span }));
+        }
+        if let Ok((r, _)) = self.tok(i, "(") {
+            let (r, mut e) = commit(self.expr(r))?;
+            let (r2, _) = commit(self.tok(r, ")"))?;
+            e.span = Span::new(self.file, self.pos(i), self.pos(r) + 1);
+            return Ok((r2, e));
+        }
+        if let Ok((r, digits)) = digit1::<_, SyntaxError>(i) {
+            if r.starts_with(is_ident_char) {
+                return fail(r, "an operator or `,` after a number");
+            }
+            let span = self.span(i, r);
+            // digits are ASCII 0-9; only overflow can fail.
+            let n = match digits.parse::<i64>() {
+                Ok(n) => n,
+                // `-9223372036854775808` parses as -(9223372036854775808): allow it.
+                Err(_) if digits == "9223372036854775808" => i64::MIN,
+                Err(_) => return Err(nom::Err::Failure(SyntaxError { remaining: i.len(), expected: "an integer that fits in 64 bits".into() })),
+            };
+            let (r, _) = self.ws(r)?;
+            return Ok((r, Expr { kind: ExprKind::Lit(Literal::Int(n)), span }));
+        }
+        if let Ok((r, name)) = take_while1::<_, _, SyntaxError>(is_ident_char).parse(i) {
+            if name.starts_with(is_ident_start) {
+                if KEYWORDS.contains(&name) {
+                    return fail(i, format!("an expression (`{name}` is a keyword)"));
+                }
+                let span = self.span(i, r);
+                let (r2, _) = self.ws(r)?;
+                if r2.starts_with('(') {
+                    return fail(r2, "an operator: calls are written only as atoms in a rule body");
+                }
+                let kind = if name == "_" { ExprKind::Wildcard } else { ExprKind::Var(name.to_string()) };
+                return Ok((r2, Expr { kind, span }));
+            }
+        }
+        fail(i, "a value: a variable, a number, a \"string\" or `(`")
+    }
+}

@@ -1,0 +1,7 @@
+//! `ccattler`: argument parsing and wiring over the library crates.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}
