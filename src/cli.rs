@@ -24,6 +24,19 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
+    /// Evaluate the rules offline over a facts file; print every derived fact.
+    Eval {
+        /// Facts file: one `KEY = VALUE` a line.
+        #[arg(long)]
+        facts: PathBuf,
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+        /// Timely worker threads.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+    },
 }
 
 /// Exit codes: 0 ok, 1 the input is wrong (diagnostics), 2 usage or I/O error.
@@ -37,6 +50,7 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Check { paths, format } => check(paths, format),
+        Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
     };
     match result {
         Ok(code) => code,
@@ -70,4 +84,52 @@ fn check(paths: Vec<PathBuf>, format: Format) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Loads and checks rules; on errors prints the diagnostics and returns None.
+fn load_program(rules: &std::path::Path) -> anyhow::Result<Option<std::sync::Arc<ccattler_parser::Program>>> {
+    let checked = ccattler_parser::load(&[rules.to_path_buf()])?;
+    if checked.errors() > 0 {
+        eprint!("{}", checked.render());
+        eprintln!("{}: {} error(s) in the rules", rules.display(), checked.errors());
+        return Ok(None);
+    }
+    Ok(checked.program.map(std::sync::Arc::new))
+}
+
+fn read_facts(path: &std::path::Path) -> anyhow::Result<Vec<ccattler_engine::factfile::FactLine>> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(ccattler_engine::factfile::parse(&path.display().to_string(), &text)?)
+}
+
+fn eval(facts: &std::path::Path, rules: &std::path::Path, format: Format, workers: usize) -> anyhow::Result<ExitCode> {
+    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let lines = read_facts(facts)?;
+    let mut session = ccattler_engine::Session::new(program, workers)?;
+    let writes: Vec<(String, Option<String>)> = lines.iter().map(|f| (f.key.clone(), Some(f.value.clone()))).collect();
+    session.write(&writes)?;
+    let line_of = |key: &str| lines.iter().find(|f| f.key == key).map_or(0, |f| f.line);
+    for (key, reason) in session.rejected() {
+        eprintln!("{}:{}: rejected {key}: {reason}", facts.display(), line_of(key));
+    }
+    for c in session.conflicts() {
+        let vals: Vec<String> = c.values.iter().map(|(v, rel)| format!("{v:?} (from {rel})")).collect();
+        eprintln!("conflict: {} has {} values: {}", c.key, vals.len(), vals.join(", "));
+    }
+    match format {
+        Format::Text => {
+            for (k, v) in session.derived() {
+                println!("{k} = {}", ccattler_engine::factfile::format_value(v));
+            }
+        }
+        Format::Json => {
+            let derived: serde_json::Map<String, serde_json::Value> =
+                session.derived().iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+            let rejected: Vec<_> = session.rejected().iter().map(|(k, r)| serde_json::json!({"key": k, "line": line_of(k), "reason": r})).collect();
+            let conflicts: Vec<_> = session.conflicts().map(|c| serde_json::json!({"key": c.key, "values": c.values.iter().map(|(v, r)| serde_json::json!({"value": v, "relation": r})).collect::<Vec<_>>()})).collect();
+            println!("{}", serde_json::json!({"derived": derived, "rejected": rejected, "conflicts": conflicts}));
+        }
+    }
+    let clean = session.rejected().is_empty() && session.conflicts().next().is_none();
+    Ok(if clean { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -1,1 +1,18 @@
+//! CCattler's engine: a checked program compiled to one incremental
+//! differential dataflow whose logical time is the etcd revision.
+//!
+//! Stages: [`plan`] (rules → join plans) → [`dataflow`] (plans → operators) →
+//! [`runtime`] (worker threads behind the [`Engine`] handle). [`facts`] maps etcd
+//! keys and values to input tuples and output tuples back to keys.
 
+pub mod dataflow;
+pub mod factfile;
+pub mod facts;
+pub mod plan;
+pub mod runtime;
+pub mod session;
+pub mod value;
+
+pub use runtime::{Change, Engine, EngineError};
+pub use session::{Session, SessionError};
+pub use value::{Row, Value};

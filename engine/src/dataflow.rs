@@ -1,0 +1,187 @@
+//! Plans → one differential dataflow. Relations are collections of rows; each
+//! stratum is built in order; recursive strata iterate to a fixed point.
+
+use crate::plan::{compare, AtomFilter, RulePlan, Step};
+use crate::value::{Row, Value};
+use ccattler_parser::program::{Program, RelId};
+use differential_dataflow::lattice::Lattice;
+use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
+use differential_dataflow::operators::iterate::VecVariable;
+use differential_dataflow::trace::implementations::ValSpine;
+use differential_dataflow::VecCollection;
+use std::collections::HashMap;
+use std::rc::Rc;
+use timely::order::Product;
+use timely::progress::Timestamp;
+
+pub type Coll<'s, T> = VecCollection<'s, T, Row, isize>;
+type Arr<'s, T> = Arranged<'s, TraceAgent<ValSpine<Row, Row, T, isize>>>;
+
+/// Collections and shared arrangements of one scope.
+struct Scope<'s, T: Timestamp + Lattice> {
+    rels: HashMap<RelId, Coll<'s, T>>,
+    /// One empty row: where a rule with no leading atom starts.
+    unit: Coll<'s, T>,
+    /// Arrangements of relations by join key, shared by every rule that joins
+    /// the same relation, with the same filter, on the same positions.
+    arranged: HashMap<(RelId, AtomFilter, Vec<usize>), Arr<'s, T>>,
+}
+
+impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
+    fn relation(&self, rel: RelId) -> Coll<'s, T> {
+        self.rels.get(&rel).cloned().expect("strata are built in dependency order")
+    }
+
+    fn arrangement(&mut self, rel: RelId, filter: &AtomFilter, key_pos: Vec<usize>) -> Arr<'s, T> {
+        let k = (rel, filter.clone(), key_pos.clone());
+        if let Some(a) = self.arranged.get(&k) {
+            return a.clone();
+        }
+        let f = filter.clone();
+        let arr = self
+            .relation(rel)
+            .filter(move |row| f.accepts(row))
+            .map(move |row| (key_pos.iter().map(|p| row[*p]).collect::<Row>(), row))
+            .arrange_by_key();
+        self.arranged.insert(k, arr.clone());
+        arr
+    }
+
+    /// The head rows one rule derives (not yet deduplicated).
+    fn rule(&mut self, plan: &Rc<RulePlan>) -> Coll<'s, T> {
+        let nvars = plan.nvars;
+        let mut b: Coll<'s, T> = self.unit.clone().map(move |_| vec![Value::Int(0); nvars]);
+        for step in &plan.steps {
+            b = match step {
+                Step::Join { rel, filter, key, bind } => {
+                    let arr = self.arrangement(*rel, filter, key.iter().map(|(p, _)| *p).collect());
+                    let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
+                    let bind = bind.clone();
+                    b.map(move |row| (key_vars.iter().map(|v| row[*v]).collect::<Row>(), row))
+                        .join_core(arr, move |_k, binding: &Row, fact: &Row| {
+                            let mut out = binding.clone();
+                            for (pos, var) in &bind {
+                                out[*var] = fact[*pos];
+                            }
+                            Some(out)
+                        })
+                }
+                Step::AntiJoin { rel, filter, key } => {
+                    let f = filter.clone();
+                    let positions: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
+                    let present = self
+                        .relation(*rel)
+                        .filter(move |row| f.accepts(row))
+                        .map(move |row| positions.iter().map(|p| row[*p]).collect::<Row>())
+                        .distinct();
+                    let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
+                    b.map(move |row| (key_vars.iter().map(|v| row[*v]).collect::<Row>(), row))
+                        .antijoin(present)
+                        .map(|(_, row)| row)
+                }
+                Step::Filter { op, lhs, rhs } => {
+                    let (op, lhs, rhs) = (*op, lhs.clone(), rhs.clone());
+                    b.filter(move |row| match (lhs.eval(row), rhs.eval(row)) {
+                        (Some(a), Some(b)) => compare(op, &a, &b),
+                        _ => false,
+                    })
+                }
+                Step::Assign { var, expr } => {
+                    let (var, expr) = (*var, expr.clone());
+                    b.flat_map(move |mut row| {
+                        let v = expr.eval(&row)?;
+                        row[var] = v;
+                        Some(row)
+                    })
+                }
+                Step::Range { var, lo, hi } => {
+                    let (var, lo, hi) = (*var, lo.clone(), hi.clone());
+                    b.flat_map(move |row| {
+                        let bounds = lo.eval(&row).and_then(|l| l.as_int()).zip(hi.eval(&row).and_then(|h| h.as_int()));
+                        let (l, h) = bounds.unwrap_or((0, 0));
+                        (l..h.max(l)).map(move |i| {
+                            let mut r = row.clone();
+                            r[var] = Value::Int(i);
+                            r
+                        })
+                    })
+                }
+            };
+        }
+        if plan.has_aggregate() {
+            // Aggregates range over the distinct bindings of the body.
+            let (p1, p2) = (plan.clone(), plan.clone());
+            b.distinct()
+                .flat_map(move |row| p1.group_and_args(&row))
+                .reduce(move |_group, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
+                    if let Some(aggs) = p2.aggregate(input) {
+                        out.push((aggs, 1));
+                    }
+                })
+                .map({
+                    let p = plan.clone();
+                    move |(group, aggs)| p.head_from_group(&group, &aggs)
+                })
+        } else {
+            let p = plan.clone();
+            b.flat_map(move |row| p.head_row(&row))
+        }
+    }
+}
+
+/// Builds every stratum into `scope`. `inputs` holds a collection per input
+/// relation; the result holds a collection for every relation.
+pub fn build<'s>(
+    program: &Program,
+    plans: &[Rc<RulePlan>],
+    inputs: HashMap<RelId, Coll<'s, u64>>,
+    unit: Coll<'s, u64>,
+) -> HashMap<RelId, Coll<'s, u64>> {
+    let mut top = Scope { rels: inputs, unit, arranged: HashMap::new() };
+    for stratum in &program.strata {
+        let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| !top.rels.contains_key(r)).collect();
+        if derived.is_empty() {
+            continue;
+        }
+        let rules_of = |rel: RelId| plans.iter().filter(move |p| p.head == rel && stratum.rules.contains(&p.rule));
+        if !stratum.recursive {
+            for &rel in &derived {
+                let mut parts = Vec::new();
+                for p in rules_of(rel) {
+                    parts.push(top.rule(p));
+                }
+                let single_aggregate = parts.len() == 1 && rules_of(rel).all(|p| p.has_aggregate());
+                let all = differential_dataflow::collection::concatenate(top.unit.scope(), parts);
+                // One aggregate rule already yields one row per group.
+                let rel_coll = if single_aggregate { all } else { all.distinct() };
+                top.rels.insert(rel, rel_coll);
+            }
+            continue;
+        }
+        // A recursive stratum: one variable per relation, iterated to a fixed point.
+        let outer = top.unit.scope();
+        let results: Vec<(RelId, Coll<'s, u64>)> = outer.iterative::<u64, _, _>(|inner| {
+            let mut scope = Scope {
+                rels: top.rels.iter().map(|(r, c)| (*r, c.clone().enter(inner))).collect(),
+                unit: top.unit.clone().enter(inner),
+                arranged: HashMap::new(),
+            };
+            let mut vars = Vec::new();
+            for &rel in &derived {
+                let (var, coll) = VecVariable::new(inner, Product::new(Default::default(), 1));
+                scope.rels.insert(rel, coll);
+                vars.push((rel, var));
+            }
+            let mut results = Vec::new();
+            for (rel, var) in vars {
+                let parts: Vec<_> = rules_of(rel).map(|p| scope.rule(p)).collect();
+                let next = differential_dataflow::collection::concatenate(inner, parts).distinct();
+                var.set(next.clone());
+                results.push((rel, next.leave(outer)));
+            }
+            results
+        });
+        top.rels.extend(results);
+    }
+    top.rels
+}

@@ -1,0 +1,169 @@
+//! etcd keys and values ⇄ tuples. Inputs: a key enters every input relation
+//! whose pattern it matches, or none if its value does not fit (rejected, with
+//! the reason). Outputs: tuples become keys; two values for one key conflict.
+
+use crate::runtime::Change;
+use crate::value::{Row, Value};
+use ccattler_parser::ast::DeclKind;
+use ccattler_parser::program::{Program, RelId};
+use std::collections::{BTreeMap, HashMap};
+
+/// Values larger than this are rejected.
+pub const MAX_VALUE_BYTES: usize = 1 << 20;
+
+/// Why an input fact was not accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub key: String,
+    pub reason: String,
+}
+
+/// Decodes a key/value into the tuples of every input relation it matches.
+/// `Ok(vec![])` means no pattern matches (the key is not an input).
+pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, Row)>, Rejection> {
+    let reject = |reason: String| Rejection { key: key.to_string(), reason };
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(reject(format!("value is {} bytes, over the {} byte limit", value.len(), MAX_VALUE_BYTES)));
+    }
+    let mut out = Vec::new();
+    for (rel, r) in program.inputs() {
+        let Some(pattern) = &r.pattern else { continue };
+        let Some(parts) = pattern.match_key(key) else { continue };
+        let mut row = Vec::with_capacity(r.arity());
+        for (i, col) in r.columns.iter().enumerate() {
+            let text = parts[i].unwrap_or(value);
+            let v = Value::parse(col.ty, text).map_err(|e| {
+                let what = if Some(i) == pattern.value_column { "value".to_string() } else { format!("key segment `{}`", col.name) };
+                reject(format!("{what} of `{}`: {e}", r.name))
+            })?;
+            row.push(v);
+        }
+        out.push((rel, row));
+    }
+    Ok(out)
+}
+
+/// One stored fact: its value, the revision it was last written at, and the
+/// tuples it contributes.
+#[derive(Clone, Debug)]
+pub struct Fact {
+    pub value: String,
+    pub mod_revision: u64,
+    pub tuples: Vec<(RelId, Row)>,
+}
+
+/// The input side's view of the store: every key an input pattern matches.
+#[derive(Default)]
+pub struct InputFacts {
+    pub facts: BTreeMap<String, Fact>,
+    pub rejected: BTreeMap<String, String>,
+}
+
+impl InputFacts {
+    /// Records `key = value` at `rev`; returns the tuple changes it causes.
+    pub fn put(&mut self, program: &Program, key: &str, value: &str, rev: u64, out: &mut Vec<Change>) {
+        let decoded = decode(program, key, value);
+        self.remove(key, out);
+        match decoded {
+            Ok(tuples) if tuples.is_empty() => {}
+            Ok(tuples) => {
+                for (rel, row) in &tuples {
+                    out.push((*rel, row.clone(), 1));
+                }
+                self.facts.insert(key.to_string(), Fact { value: value.to_string(), mod_revision: rev, tuples });
+            }
+            Err(r) => {
+                self.rejected.insert(r.key, r.reason);
+            }
+        }
+    }
+
+    pub fn delete(&mut self, key: &str, out: &mut Vec<Change>) {
+        self.remove(key, out);
+    }
+
+    fn remove(&mut self, key: &str, out: &mut Vec<Change>) {
+        self.rejected.remove(key);
+        if let Some(old) = self.facts.remove(key) {
+            for (rel, row) in old.tuples {
+                out.push((rel, row, -1));
+            }
+        }
+    }
+}
+
+/// A derived key with more than one value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub key: String,
+    /// Each value with the output relation that derived it.
+    pub values: Vec<(String, String)>,
+}
+
+/// The output side: every derived tuple, grouped by the key it renders to.
+#[derive(Default)]
+pub struct OutputFacts {
+    /// key → candidate values → (relation, count of tuples giving it)
+    candidates: HashMap<String, BTreeMap<String, (RelId, isize)>>,
+    /// What the rules derive now, one value per key (conflicted keys keep their
+    /// last unique value, or are absent if they never had one).
+    pub resolved: BTreeMap<String, String>,
+    pub conflicts: BTreeMap<String, Conflict>,
+}
+
+/// Renders an output tuple as its key and value.
+pub fn encode(program: &Program, rel: RelId, row: &[Value]) -> Option<(String, String)> {
+    let r = &program.relations[rel];
+    let pattern = r.pattern.as_ref()?;
+    let cols: Vec<String> = row.iter().map(|v| v.to_string()).collect();
+    let value = pattern.value_column.map(|c| cols[c].clone()).unwrap_or_default();
+    Some((pattern.render(&cols), value))
+}
+
+impl OutputFacts {
+    /// Applies output tuple diffs; returns the keys whose resolved value changed.
+    pub fn apply(&mut self, program: &Program, diffs: &[Change]) -> Vec<String> {
+        let mut touched = Vec::new();
+        for (rel, row, d) in diffs {
+            if program.relations[*rel].kind != DeclKind::Output {
+                continue;
+            }
+            let Some((key, value)) = encode(program, *rel, row) else { continue };
+            let cands = self.candidates.entry(key.clone()).or_default();
+            let e = cands.entry(value.clone()).or_insert((*rel, 0));
+            e.1 += d;
+            if e.1 == 0 {
+                cands.remove(&value);
+            }
+            if cands.is_empty() {
+                self.candidates.remove(&key);
+            }
+            touched.push(key);
+        }
+        touched.sort();
+        touched.dedup();
+        let mut changed = Vec::new();
+        for key in touched {
+            let before = self.resolved.get(&key).cloned();
+            match self.candidates.get(&key) {
+                None => {
+                    self.resolved.remove(&key);
+                    self.conflicts.remove(&key);
+                }
+                Some(c) if c.len() == 1 => {
+                    let v = c.keys().next().expect("one candidate").clone();
+                    self.resolved.insert(key.clone(), v);
+                    self.conflicts.remove(&key);
+                }
+                Some(c) => {
+                    let values = c.iter().map(|(v, (rel, _))| (v.clone(), program.relations[*rel].name.clone())).collect();
+                    self.conflicts.insert(key.clone(), Conflict { key: key.clone(), values });
+                }
+            }
+            if self.resolved.get(&key) != before.as_ref() {
+                changed.push(key);
+            }
+        }
+        changed
+    }
+}

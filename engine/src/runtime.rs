@@ -1,0 +1,251 @@
+//! The engine's threads: timely workers that own the dataflow, driven over
+//! channels. Callers talk to [`Engine`]; nothing of timely leaks out.
+
+use crate::dataflow::{self, Coll};
+use crate::plan::{self, RulePlan};
+use crate::value::{Row, Value};
+use ccattler_parser::program::{Program, RelId};
+use differential_dataflow::input::{Input, InputSession};
+use differential_dataflow::operators::arrange::TraceAgent;
+use differential_dataflow::trace::cursor::{cursor_list, Cursor};
+use differential_dataflow::trace::implementations::KeySpine;
+use differential_dataflow::trace::TraceReader;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use timely::dataflow::operators::probe::{Handle as Probe, Probe as _};
+use timely::progress::frontier::Antichain;
+
+/// A change to one relation: +1 inserts a tuple, -1 removes it.
+pub type Change = (RelId, Row, isize);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("revision {rev} is not after the last applied revision {last}")]
+    RevisionOrder { rev: u64, last: u64 },
+    #[error("relation {0} is not an input")]
+    NotInput(RelId),
+    #[error("tuple for `{relation}` has {found} values, expected {expected}")]
+    Arity { relation: String, expected: usize, found: usize },
+    #[error("the engine's workers stopped: {0}")]
+    Stopped(String),
+}
+
+enum Cmd {
+    /// Enter `changes` at `rev` and run until every output is complete at `rev`.
+    Apply { rev: u64, changes: Vec<Change> },
+    /// Read a relation's current tuples (each worker answers with its share).
+    Query { rel: RelId, reply: Sender<Vec<Row>> },
+}
+
+/// What one worker reports after an `Apply`: output diffs at that revision.
+struct Done {
+    rev: u64,
+    diffs: Vec<Change>,
+}
+
+/// A running engine: the compiled program on `workers` timely threads.
+pub struct Engine {
+    program: Arc<Program>,
+    senders: Vec<Sender<Cmd>>,
+    done: Receiver<Done>,
+    guards: Option<timely::communication::WorkerGuards<()>>,
+    last_rev: u64,
+}
+
+impl Engine {
+    /// Compiles `program` and starts `workers` worker threads.
+    pub fn start(program: Arc<Program>, workers: usize) -> Result<Engine, EngineError> {
+        let workers = workers.max(1);
+        let mut senders = Vec::new();
+        let mut receivers = Vec::new();
+        for _ in 0..workers {
+            let (s, r) = channel();
+            senders.push(s);
+            receivers.push(Some(r));
+        }
+        let receivers = Arc::new(Mutex::new(receivers));
+        let (done_tx, done) = channel();
+        let done_tx = Arc::new(Mutex::new(done_tx));
+        let prog = program.clone();
+        let config = timely::Config::process(workers);
+        let guards = timely::execute(config, move |worker| {
+            let rx = receivers.lock().expect("receiver list").get_mut(worker.index()).and_then(Option::take);
+            let tx = done_tx.lock().expect("sender").clone();
+            if let Some(rx) = rx {
+                run_worker(worker, &prog, rx, tx);
+            }
+        })
+        .map_err(EngineError::Stopped)?;
+        Ok(Engine { program, senders, done, guards: Some(guards), last_rev: 0 })
+    }
+
+    pub fn program(&self) -> &Arc<Program> {
+        &self.program
+    }
+
+    pub fn last_revision(&self) -> u64 {
+        self.last_rev
+    }
+
+    /// Applies input changes at revision `rev` (which must increase) and returns
+    /// the consolidated changes of every output relation, complete as of `rev`.
+    pub fn apply(&mut self, rev: u64, changes: Vec<Change>) -> Result<Vec<Change>, EngineError> {
+        if rev <= self.last_rev {
+            return Err(EngineError::RevisionOrder { rev, last: self.last_rev });
+        }
+        for (rel, row, _) in &changes {
+            let r = self.program.relations.get(*rel).ok_or(EngineError::NotInput(*rel))?;
+            if r.kind != ccattler_parser::ast::DeclKind::Input {
+                return Err(EngineError::NotInput(*rel));
+            }
+            if row.len() != r.arity() {
+                return Err(EngineError::Arity { relation: r.name.clone(), expected: r.arity(), found: row.len() });
+            }
+        }
+        let mut changes = Some(changes);
+        for s in &self.senders {
+            let c = changes.take().unwrap_or_default();
+            s.send(Cmd::Apply { rev, changes: c }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
+        }
+        let mut all = Vec::new();
+        for _ in 0..self.senders.len() {
+            let done = self.done.recv().map_err(|_| EngineError::Stopped("worker gone".into()))?;
+            debug_assert_eq!(done.rev, rev);
+            all.extend(done.diffs);
+        }
+        self.last_rev = rev;
+        Ok(consolidate(all))
+    }
+
+    /// The current tuples of any relation, sorted.
+    pub fn query(&self, rel: RelId) -> Result<Vec<Row>, EngineError> {
+        let (tx, rx) = channel();
+        for s in &self.senders {
+            s.send(Cmd::Query { rel, reply: tx.clone() }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
+        }
+        drop(tx);
+        let mut rows: Vec<Row> = rx.iter().flatten().collect();
+        rows.sort_by(|a, b| crate::value::cmp_rows(a, b));
+        Ok(rows)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.senders.clear(); // workers see their channel close and return
+        if let Some(g) = self.guards.take() {
+            drop(g); // joins the worker threads
+        }
+    }
+}
+
+/// Sums diffs per (relation, row), drops zeros, sorts.
+pub fn consolidate(mut changes: Vec<Change>) -> Vec<Change> {
+    changes.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    let mut out: Vec<Change> = Vec::with_capacity(changes.len());
+    for (rel, row, d) in changes {
+        match out.last_mut() {
+            Some(last) if last.0 == rel && last.1 == row => last.2 += d,
+            _ => out.push((rel, row, d)),
+        }
+    }
+    out.retain(|c| c.2 != 0);
+    out
+}
+
+type QueryTrace = TraceAgent<KeySpine<Row, u64, isize>>;
+
+fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiver<Cmd>, tx: Sender<Done>) {
+    let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
+    let outputs: Rc<RefCell<Vec<(RelId, Row, u64, isize)>>> = Rc::new(RefCell::new(Vec::new()));
+    let probe = Probe::new();
+    let (mut unit_input, mut inputs, mut traces) = worker.dataflow::<u64, _, _>(|scope| {
+        let (unit_input, unit) = scope.new_collection::<Row, isize>();
+        let mut inputs: HashMap<RelId, InputSession<u64, Row, isize>> = HashMap::new();
+        let mut colls: HashMap<RelId, Coll<'_, u64>> = HashMap::new();
+        for (rel, _) in program.inputs() {
+            let (input, coll) = scope.new_collection::<Row, isize>();
+            inputs.insert(rel, input);
+            colls.insert(rel, coll);
+        }
+        let all = dataflow::build(program, &plans, colls, unit);
+        let mut traces: HashMap<RelId, QueryTrace> = HashMap::new();
+        for (rel, coll) in all {
+            let is_output = program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
+            let coll = if is_output {
+                let buf = outputs.clone();
+                coll.inspect_batch(move |_t, data| {
+                    let mut b = buf.borrow_mut();
+                    b.extend(data.iter().map(|(row, t, d)| (rel, row.clone(), *t, *d)));
+                })
+            } else {
+                coll
+            };
+            let arranged = coll.arrange_by_self();
+            arranged.stream.clone().probe_with(&probe);
+            traces.insert(rel, arranged.trace);
+        }
+        (unit_input, inputs, traces)
+    });
+    if worker.index() == 0 {
+        unit_input.insert(Vec::<Value>::new());
+    }
+    while let Ok(cmd) = rx.recv() {
+        match cmd {
+            Cmd::Apply { rev, changes } => {
+                for (rel, row, d) in changes {
+                    if let Some(input) = inputs.get_mut(&rel) {
+                        input.update_at(row, rev, d);
+                    }
+                }
+                unit_input.advance_to(rev + 1);
+                unit_input.flush();
+                for input in inputs.values_mut() {
+                    input.advance_to(rev + 1);
+                    input.flush();
+                }
+                worker.step_while(|| probe.less_equal(&rev));
+                let frontier = Antichain::from_elem(rev);
+                for t in traces.values_mut() {
+                    t.set_logical_compaction(frontier.borrow());
+                    t.set_physical_compaction(frontier.borrow());
+                }
+                let mut buf = outputs.borrow_mut();
+                let diffs = buf.drain(..).map(|(rel, row, t, d)| {
+                    debug_assert!(t <= rev);
+                    (rel, row, d)
+                });
+                let diffs = consolidate(diffs.collect());
+                drop(buf);
+                if tx.send(Done { rev, diffs }).is_err() {
+                    return;
+                }
+            }
+            Cmd::Query { rel, reply } => {
+                let rows = traces.get_mut(&rel).map(read_trace).unwrap_or_default();
+                let _ = reply.send(rows);
+            }
+        }
+    }
+}
+
+/// Every row with a positive count in a trace.
+fn read_trace(trace: &mut QueryTrace) -> Vec<Row> {
+    let mut upper = Antichain::new();
+    trace.read_upper(&mut upper);
+    let Some(batches) = trace.batches_through(upper.borrow()) else { return Vec::new() };
+    let (mut cursor, storage) = cursor_list(batches);
+    let mut rows = Vec::new();
+    while let Some(key) = cursor.get_key(&storage) {
+        let mut count = 0isize;
+        cursor.map_times(&storage, |_t, d| count += *d);
+        if count > 0 {
+            rows.push(key.clone());
+        }
+        cursor.step_key(&storage);
+    }
+    rows
+}
