@@ -9,7 +9,7 @@ use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
 use differential_dataflow::operators::iterate::VecVariable;
 use differential_dataflow::trace::implementations::ValSpine;
 use differential_dataflow::VecCollection;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use timely::order::Product;
 use timely::progress::Timestamp;
@@ -17,14 +17,15 @@ use timely::progress::Timestamp;
 pub type Coll<'s, T> = VecCollection<'s, T, Row, isize>;
 type Arr<'s, T> = Arranged<'s, TraceAgent<ValSpine<Row, Row, T, isize>>>;
 
-/// Collections and shared arrangements of one scope.
+/// Collections and shared arrangements of one scope. Ordered maps only: every
+/// worker must build the same operators in the same order.
 struct Scope<'s, T: Timestamp + Lattice> {
-    rels: HashMap<RelId, Coll<'s, T>>,
+    rels: BTreeMap<RelId, Coll<'s, T>>,
     /// One empty row: where a rule with no leading atom starts.
     unit: Coll<'s, T>,
     /// Arrangements of relations by join key, shared by every rule that joins
     /// the same relation, with the same filter, on the same positions.
-    arranged: HashMap<(RelId, AtomFilter, Vec<usize>), Arr<'s, T>>,
+    arranged: BTreeMap<(RelId, AtomFilter, Vec<usize>), Arr<'s, T>>,
 }
 
 impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
@@ -134,10 +135,10 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
 pub fn build<'s>(
     program: &Program,
     plans: &[Rc<RulePlan>],
-    inputs: HashMap<RelId, Coll<'s, u64>>,
+    inputs: BTreeMap<RelId, Coll<'s, u64>>,
     unit: Coll<'s, u64>,
-) -> HashMap<RelId, Coll<'s, u64>> {
-    let mut top = Scope { rels: inputs, unit, arranged: HashMap::new() };
+) -> BTreeMap<RelId, Coll<'s, u64>> {
+    let mut top = Scope { rels: inputs, unit, arranged: BTreeMap::new() };
     for stratum in &program.strata {
         let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| !top.rels.contains_key(r)).collect();
         if derived.is_empty() {
@@ -164,7 +165,7 @@ pub fn build<'s>(
             let mut scope = Scope {
                 rels: top.rels.iter().map(|(r, c)| (*r, c.clone().enter(inner))).collect(),
                 unit: top.unit.clone().enter(inner),
-                arranged: HashMap::new(),
+                arranged: BTreeMap::new(),
             };
             let mut vars = Vec::new();
             for &rel in &derived {

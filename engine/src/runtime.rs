@@ -11,7 +11,7 @@ use differential_dataflow::trace::cursor::{cursor_list, Cursor};
 use differential_dataflow::trace::implementations::KeySpine;
 use differential_dataflow::trace::TraceReader;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -164,15 +164,15 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
     let probe = Probe::new();
     let (mut unit_input, mut inputs, mut traces) = worker.dataflow::<u64, _, _>(|scope| {
         let (unit_input, unit) = scope.new_collection::<Row, isize>();
-        let mut inputs: HashMap<RelId, InputSession<u64, Row, isize>> = HashMap::new();
-        let mut colls: HashMap<RelId, Coll<'_, u64>> = HashMap::new();
+        let mut inputs: BTreeMap<RelId, InputSession<u64, Row, isize>> = BTreeMap::new();
+        let mut colls: BTreeMap<RelId, Coll<'_, u64>> = BTreeMap::new();
         for (rel, _) in program.inputs() {
             let (input, coll) = scope.new_collection::<Row, isize>();
             inputs.insert(rel, input);
             colls.insert(rel, coll);
         }
         let all = dataflow::build(program, &plans, colls, unit);
-        let mut traces: HashMap<RelId, QueryTrace> = HashMap::new();
+        let mut traces: BTreeMap<RelId, QueryTrace> = BTreeMap::new();
         for (rel, coll) in all {
             let is_output = program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
             let coll = if is_output {

@@ -10,7 +10,10 @@ use std::collections::{BTreeSet, HashMap};
 
 /// Checks parsed files. Returns the program when there are no errors; the
 /// diagnostics (warnings included) either way.
-pub fn check(sources: Sources, files: &[ast::File]) -> (Option<Program>, Vec<Diagnostic>) {
+///
+/// `complete` is false when some statements did not parse: usage checks
+/// (underived outputs, unused inputs) would then be misleading and are skipped.
+pub fn check(sources: Sources, files: &[ast::File], complete: bool) -> (Option<Program>, Vec<Diagnostic>) {
     let mut cx = Checker { diags: Vec::new(), relations: Vec::new(), by_name: HashMap::new(), rules: Vec::new() };
     for file in files {
         for item in &file.items {
@@ -26,7 +29,9 @@ pub fn check(sources: Sources, files: &[ast::File]) -> (Option<Program>, Vec<Dia
             }
         }
     }
-    cx.usage();
+    if complete {
+        cx.usage();
+    }
     cx.output_collisions();
     let strata = cx.stratify();
     let ok = !cx.diags.iter().any(Diagnostic::is_error);
@@ -198,6 +203,9 @@ impl Checker {
                                 Term::Const(c)
                             }
                             _ => {
+                                let mut names = BTreeSet::new();
+                                collect_vars(e, &mut names);
+                                poisoned.extend(names.iter().map(|n| vars.slot(n, e.span)));
                                 self.error(Diagnostic::error("expression-in-atom", e.span, "an atom's arguments are variables, constants or `_`")
                                     .with_help("bind the expression first: `x = <expression>`, then use `x` in the atom"));
                                 Term::Wildcard
@@ -315,6 +323,20 @@ impl Checker {
                     collect_unbound(&vars, &bound, lo, &mut names);
                     collect_unbound(&vars, &bound, hi, &mut names);
                 }
+            }
+            // What this item would have bound is not reported again at the head.
+            match &p.item {
+                PendingItem::Range(v, _, _) => bound[*v] = true,
+                PendingItem::Cmp(CmpOp::Eq, l, rr) => {
+                    for side in [l, rr] {
+                        if let ExprKind::Var(n) = &side.kind {
+                            if let Some(i) = vars.names.iter().position(|x| x == n) {
+                                bound[i] = true;
+                            }
+                        }
+                    }
+                }
+                _ => {}
             }
             let list = names.into_iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
             self.error(
@@ -633,7 +655,7 @@ impl Checker {
                     let what = if neg { "negation" } else { "aggregation" };
                     self.diags.push(
                         Diagnostic::error("unstratifiable", b.span, format!("{what} through recursion: {cycle}"))
-                            .with_help(format!("a relation cannot depend on its own {} ; break the cycle with an intermediate relation computed from inputs only", if neg { "absence" } else { "aggregate" })),
+                            .with_help(format!("a relation cannot depend on its own {}: break the cycle with an intermediate relation computed from inputs only", if neg { "absence" } else { "aggregate" })),
                     );
                 }
             }
@@ -762,6 +784,20 @@ fn collect_unbound(vars: &Vars, bound: &[bool], e: &ast::Expr, out: &mut BTreeSe
         ExprKind::Bin(_, a, b) => {
             collect_unbound(vars, bound, a, out);
             collect_unbound(vars, bound, b, out);
+        }
+        _ => {}
+    }
+}
+
+fn collect_vars(e: &ast::Expr, out: &mut BTreeSet<String>) {
+    match &e.kind {
+        ExprKind::Var(n) => {
+            out.insert(n.clone());
+        }
+        ExprKind::Neg(x) => collect_vars(x, out),
+        ExprKind::Bin(_, a, b) => {
+            collect_vars(a, out);
+            collect_vars(b, out);
         }
         _ => {}
     }

@@ -93,13 +93,11 @@ pub fn check_sources(sources: Sources) -> Checked {
         files.push(file);
         diagnostics.extend(diags);
     }
-    let (program, check_diags) = if diagnostics.iter().any(Diagnostic::is_error) {
-        // Still check what parsed, so resolution errors show up in the same run.
-        let (_, d) = check::check(sources.clone(), &files);
-        (None, d)
-    } else {
-        check::check(sources.clone(), &files)
-    };
+    // With syntax errors, still check what parsed so resolution errors show up
+    // in the same run; but no program comes out.
+    let parsed = !diagnostics.iter().any(Diagnostic::is_error);
+    let (program, check_diags) = check::check(sources.clone(), &files, parsed);
+    let program = program.filter(|_| parsed);
     diagnostics.extend(check_diags);
     diag::sort(&mut diagnostics);
     Checked { program, diagnostics, sources }

@@ -66,8 +66,15 @@ pub fn parse_file(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
                 rest = r;
             }
             Err(nom::Err::Error(e) | nom::Err::Failure(e)) => {
-                let at = p.len - e.remaining;
-                let found = describe_found(&text[at..]);
+                let mut at = p.len - e.remaining;
+                let mut found = describe_found(&text[at..]);
+                // A token missing at the end of a line is reported there, not
+                // at whatever starts the next line.
+                let prev_end = text[..at].trim_end().len();
+                if text[prev_end..at].contains('\n') {
+                    at = prev_end;
+                    found = "end of line".into();
+                }
                 diags.push(
                     Diagnostic::error(
                         "syntax",
