@@ -88,6 +88,8 @@ fn prec_expr(e: &Expr, min: u8) -> String {
         ExprKind::Lit(Literal::Str(s)) => string(s),
         ExprKind::Var(v) => v.clone(),
         ExprKind::Wildcard => "_".into(),
+        // `-5` reads back as a literal, so negating a literal keeps its parentheses.
+        ExprKind::Neg(x) if matches!(x.kind, ExprKind::Lit(Literal::Int(_))) => format!("-({})", expr(x)),
         ExprKind::Neg(x) => format!("-{}", prec_expr(x, 4)),
         ExprKind::Bin(op, a, b) => {
             let p = op.precedence();

@@ -94,8 +94,13 @@ pub fn parse_file(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
     (File { items }, diags)
 }
 
+/// The end of the character at `at`; a line break gets an empty span so the
+/// caret stays on its line.
 fn next_char_end(text: &str, at: usize) -> usize {
-    text[at..].chars().next().map_or(at, |c| at + c.len_utf8())
+    match text[at..].chars().next() {
+        None | Some('\n' | '\r') => at,
+        Some(c) => at + c.len_utf8(),
+    }
 }
 
 fn describe_found(rest: &str) -> String {
@@ -465,14 +470,19 @@ impl P {
 
     fn unary<'a>(&self, i: &'a str) -> PResult<'a, Expr> {
         if let Ok((r, _)) = self.tok(i, "-") {
-            let (r, inner) = commit(self.unary(r))?;
-            let span = Span::new(self.file, self.pos(i), inner.span.end);
-            // Fold `-<int>` into a literal so that i64::MIN is writable.
-            if let ExprKind::Lit(Literal::Int(n)) = inner.kind {
-                if n >= 0 {
-                    return Ok((r, Expr { kind: ExprKind::Lit(Literal::Int(-n)), span }));
+            // `-<digits>` is a negative literal (so i64::MIN is writable).
+            if let Ok((r2, digits)) = digit1::<_, SyntaxError>(r) {
+                if !r2.starts_with(is_ident_char) {
+                    let n = format!("-{digits}").parse::<i64>().map_err(|_| {
+                        nom::Err::Failure(SyntaxError { remaining: r.len(), expected: "an integer that fits in 64 bits".into() })
+                    })?;
+                    let span = self.span(i, r2);
+                    let (r2, _) = self.ws(r2)?;
+                    return Ok((r2, Expr { kind: ExprKind::Lit(Literal::Int(n)), span }));
                 }
             }
+            let (r, inner) = commit(self.unary(r))?;
+            let span = Span::new(self.file, self.pos(i), inner.span.end);
             return Ok((r, Expr { kind: ExprKind::Neg(Box::new(inner)), span }));
         }
         self.primary(i)
@@ -495,12 +505,9 @@ impl P {
             }
             let span = self.span(i, r);
             // digits are ASCII 0-9; only overflow can fail.
-            let n = match digits.parse::<i64>() {
-                Ok(n) => n,
-                // `-9223372036854775808` parses as -(9223372036854775808): allow it.
-                Err(_) if digits == "9223372036854775808" => i64::MIN,
-                Err(_) => return Err(nom::Err::Failure(SyntaxError { remaining: i.len(), expected: "an integer that fits in 64 bits".into() })),
-            };
+            let n = digits.parse::<i64>().map_err(|_| {
+                nom::Err::Failure(SyntaxError { remaining: i.len(), expected: "an integer that fits in 64 bits".into() })
+            })?;
             let (r, _) = self.ws(r)?;
             return Ok((r, Expr { kind: ExprKind::Lit(Literal::Int(n)), span }));
         }

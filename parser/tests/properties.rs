@@ -1,0 +1,183 @@
+//! Property tests of the parser: it never panics, and printing then parsing
+//! gives back the same syntax tree.
+
+use ccattler_parser::ast::*;
+use ccattler_parser::source::Span;
+use ccattler_parser::{pretty, syntax};
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+        let _ = ccattler_parser::check_str("fuzz.rules", &text);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = ccattler_parser::check_str("fuzz.rules", &text);
+    }
+
+    #[test]
+    fn token_soup_never_panics(tokens in proptest::collection::vec(token(), 0..60)) {
+        let text = tokens.join(" ");
+        let _ = ccattler_parser::check_str("soup.rules", &text);
+        let text = tokens.concat();
+        let _ = ccattler_parser::check_str("soup.rules", &text);
+    }
+
+    #[test]
+    fn print_then_parse_is_identity(file in file()) {
+        let text = pretty::file(&file);
+        let (parsed, diags) = syntax::parse_file(0, &text);
+        prop_assert!(diags.is_empty(), "{text}\n{diags:?}");
+        prop_assert_eq!(strip_file(parsed), strip_file(file), "{}", text);
+    }
+}
+
+fn token() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("input".to_string()), Just("output".into()), Just("relation".into()), Just("from".into()),
+        Just("to".into()), Just("not".into()), Just("in".into()), Just(":-".into()), Just(".".into()),
+        Just("..".into()), Just(",".into()), Just("(".into()), Just(")".into()), Just(":".into()),
+        Just("=".into()), Just("!=".into()), Just("<=".into()), Just("++".into()), Just("-".into()),
+        Just("count()".into()), Just("max(".into()), Just("\"a/{x}\"".into()), Just("\"".into()),
+        Just("//".into()), Just("\n".into()), Just("_".into()), Just("int".into()), Just("string".into()),
+        "[a-z][a-z0-9_]{0,5}", "[0-9]{1,20}",
+    ]
+}
+
+fn ident() -> impl Strategy<Value = Ident> {
+    "[a-z][a-z0-9_]{0,6}"
+        .prop_filter("not a keyword", |s| !KEYWORDS.contains(&s.as_str()) && AggKind::ALL.iter().all(|k| k.keyword() != s))
+        .prop_map(|name| Ident { name, span: Span::default() })
+}
+
+fn expr() -> impl Strategy<Value = Expr> {
+    let leaf = prop_oneof![
+        any::<i64>().prop_map(|n| ExprKind::Lit(Literal::Int(n))),
+        "[ -~\\n\\t]{0,8}".prop_map(|s| ExprKind::Lit(Literal::Str(s))),
+        ident().prop_map(|i| ExprKind::Var(i.name)),
+    ]
+    .prop_map(|kind| Expr { kind, span: Span::default() });
+    leaf.prop_recursive(4, 24, 2, |inner| {
+        let op = prop_oneof![
+            Just(BinOp::Add), Just(BinOp::Sub), Just(BinOp::Mul), Just(BinOp::Div), Just(BinOp::Rem), Just(BinOp::Concat)
+        ];
+        prop_oneof![
+            inner.clone().prop_map(|e| ExprKind::Neg(Box::new(e))),
+            (op, inner.clone(), inner).prop_map(|(op, a, b)| ExprKind::Bin(op, Box::new(a), Box::new(b))),
+        ]
+        .prop_map(|kind| Expr { kind, span: Span::default() })
+    })
+}
+
+fn atom_arg() -> impl Strategy<Value = Expr> {
+    prop_oneof![
+        ident().prop_map(|i| ExprKind::Var(i.name)),
+        Just(ExprKind::Wildcard),
+        any::<i64>().prop_map(|n| ExprKind::Lit(Literal::Int(n))),
+        "[a-z ]{0,5}".prop_map(|s| ExprKind::Lit(Literal::Str(s))),
+    ]
+    .prop_map(|kind| Expr { kind, span: Span::default() })
+}
+
+fn atom() -> impl Strategy<Value = Atom> {
+    (ident(), proptest::collection::vec(atom_arg(), 0..4)).prop_map(|(relation, args)| Atom { relation, args, span: Span::default() })
+}
+
+fn body_item() -> impl Strategy<Value = BodyItem> {
+    let cmp = prop_oneof![Just(CmpOp::Eq), Just(CmpOp::Ne), Just(CmpOp::Lt), Just(CmpOp::Le), Just(CmpOp::Gt), Just(CmpOp::Ge)];
+    prop_oneof![
+        atom().prop_map(BodyItem::Pos),
+        atom().prop_map(BodyItem::Neg),
+        (cmp, expr(), expr()).prop_map(|(op, a, b)| BodyItem::Cmp(op, a, b, Span::default())),
+        (ident(), expr(), expr()).prop_map(|(v, lo, hi)| BodyItem::Range(v, lo, hi, Span::default())),
+    ]
+}
+
+fn head_term() -> impl Strategy<Value = HeadTerm> {
+    prop_oneof![
+        expr().prop_map(HeadTerm::Expr),
+        Just(HeadTerm::Agg(AggKind::Count, vec![], Span::default())),
+        (prop_oneof![Just(AggKind::Sum), Just(AggKind::Min), Just(AggKind::Max)], expr())
+            .prop_map(|(k, e)| HeadTerm::Agg(k, vec![e], Span::default())),
+        (prop_oneof![Just(AggKind::ArgMax), Just(AggKind::ArgMin)], expr(), expr())
+            .prop_map(|(k, a, b)| HeadTerm::Agg(k, vec![a, b], Span::default())),
+    ]
+}
+
+fn item() -> impl Strategy<Value = Item> {
+    let ty = prop_oneof![Just(Type::String), Just(Type::Name), Just(Type::Int)];
+    let column = (ident(), ty).prop_map(|(name, ty)| Column { name, ty, ty_span: Span::default() });
+    let kind = prop_oneof![Just(DeclKind::Input), Just(DeclKind::Output), Just(DeclKind::Relation)];
+    let decl = (kind, ident(), proptest::collection::vec(column, 0..4), "[a-z{}/]{1,12}").prop_map(|(kind, name, columns, p)| {
+        let pattern = (kind != DeclKind::Relation).then(|| (p, Span::default()));
+        Item::Decl(Decl { kind, name, columns, pattern, span: Span::default() })
+    });
+    let rule = (ident(), proptest::collection::vec(head_term(), 0..4), proptest::collection::vec(body_item(), 0..4)).prop_map(
+        |(head, head_terms, body)| Item::Rule(Rule { head, head_terms, head_span: Span::default(), body, span: Span::default() }),
+    );
+    prop_oneof![decl, rule]
+}
+
+fn file() -> impl Strategy<Value = File> {
+    proptest::collection::vec(item(), 0..6).prop_map(|items| File { items })
+}
+
+// Spans differ between a generated tree and a parsed one; compare without them.
+
+fn strip_file(f: File) -> File {
+    File { items: f.items.into_iter().map(strip_item).collect() }
+}
+fn strip_ident(i: Ident) -> Ident {
+    Ident { name: i.name, span: Span::default() }
+}
+fn strip_expr(e: Expr) -> Expr {
+    let kind = match e.kind {
+        ExprKind::Neg(x) => ExprKind::Neg(Box::new(strip_expr(*x))),
+        ExprKind::Bin(op, a, b) => ExprKind::Bin(op, Box::new(strip_expr(*a)), Box::new(strip_expr(*b))),
+        k => k,
+    };
+    Expr { kind, span: Span::default() }
+}
+fn strip_atom(a: Atom) -> Atom {
+    Atom { relation: strip_ident(a.relation), args: a.args.into_iter().map(strip_expr).collect(), span: Span::default() }
+}
+fn strip_item(i: Item) -> Item {
+    let d = Span::default();
+    match i {
+        Item::Decl(x) => Item::Decl(Decl {
+            kind: x.kind,
+            name: strip_ident(x.name),
+            columns: x.columns.into_iter().map(|c| Column { name: strip_ident(c.name), ty: c.ty, ty_span: d }).collect(),
+            pattern: x.pattern.map(|(p, _)| (p, d)),
+            span: d,
+        }),
+        Item::Rule(r) => Item::Rule(Rule {
+            head: strip_ident(r.head),
+            head_terms: r
+                .head_terms
+                .into_iter()
+                .map(|t| match t {
+                    HeadTerm::Expr(e) => HeadTerm::Expr(strip_expr(e)),
+                    HeadTerm::Agg(k, es, _) => HeadTerm::Agg(k, es.into_iter().map(strip_expr).collect(), d),
+                })
+                .collect(),
+            head_span: d,
+            body: r
+                .body
+                .into_iter()
+                .map(|b| match b {
+                    BodyItem::Pos(a) => BodyItem::Pos(strip_atom(a)),
+                    BodyItem::Neg(a) => BodyItem::Neg(strip_atom(a)),
+                    BodyItem::Cmp(op, l, r, _) => BodyItem::Cmp(op, strip_expr(l), strip_expr(r), d),
+                    BodyItem::Range(v, lo, hi, _) => BodyItem::Range(strip_ident(v), strip_expr(lo), strip_expr(hi), d),
+                })
+                .collect(),
+            span: d,
+        }),
+    }
+}

@@ -1,0 +1,114 @@
+//! The `ccattler` binary as users run it: exit codes, output formats, and
+//! `eval` on the shipped rules.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ccattler(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run ccattler")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn check_accepts_the_shipped_rules() {
+    let out = ccattler(&["check"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("ok: "), "{}", text(&out.stdout));
+}
+
+#[test]
+fn check_reports_errors_with_location_and_exit_1() {
+    let dir = tempdir("check-errors");
+    let file = dir.join("bad.rules");
+    std::fs::write(&file, "input a(x: int) from \"a/{x}\"\noutput b(x: int) to \"b/{x}\"\nb(y) :- a(x).\n").unwrap();
+    let out = ccattler(&["check", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("bad.rules:3:3"), "{err}");
+    assert!(err.contains("^"), "{err}");
+    assert!(err.contains("help:"), "{err}");
+
+    let out = ccattler(&["check", "--format", "json", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["diagnostics"][0]["code"], "unsafe-variable");
+    assert_eq!(v["diagnostics"][0]["line"], 3);
+}
+
+#[test]
+fn check_names_a_missing_path_and_exits_2() {
+    let out = ccattler(&["check", "no/such/dir"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("no/such/dir"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn eval_resolves_the_seed_intent_example() {
+    let dir = tempdir("eval-intent");
+    let facts = dir.join("intent.facts");
+    std::fs::write(&facts, "intent/user/service/web/instances = 3\nintent/autoscaler/service/web/instances = 5\n").unwrap();
+    let out = ccattler(&["eval", "--facts", facts.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "effective/service/web/instances = 5\n");
+
+    // The autoscaler's intent removed: the user's 3 remains.
+    std::fs::write(&facts, "intent/user/service/web/instances = 3\n").unwrap();
+    let out = ccattler(&["eval", "--facts", facts.to_str().unwrap(), "--workers", "2"]);
+    assert_eq!(text(&out.stdout), "effective/service/web/instances = 3\n");
+}
+
+#[test]
+fn eval_rejects_bad_values_by_line_and_keeps_the_rest() {
+    let out = ccattler(&["eval", "--facts", "examples/intent.facts"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout), "effective/service/web/instances = 5\n");
+    let err = text(&out.stderr);
+    assert!(err.contains("examples/intent.facts:4: rejected intent/user/service/api/instances"), "{err}");
+    assert!(err.contains("`three` is not an int"), "{err}");
+
+    let out = ccattler(&["eval", "--facts", "examples/intent.facts", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["derived"]["effective/service/web/instances"], "5");
+    assert_eq!(v["rejected"][0]["line"], 4);
+}
+
+#[test]
+fn eval_reports_conflicts_and_exits_1() {
+    let dir = tempdir("eval-conflict");
+    std::fs::write(
+        dir.join("c.rules"),
+        "input v(s: name, n: int) from \"v/{s}\"\noutput o(s: name, n: int) to \"o/{s}\"\no(s, n) :- v(s, n).\no(s, m) :- v(s, n), m = n + 1.\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("f.facts"), "v/web = 1\n").unwrap();
+    let out = ccattler(&["eval", "--rules", dir.to_str().unwrap(), "--facts", dir.join("f.facts").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("conflict: o/web has 2 values"), "{err}");
+    assert_eq!(text(&out.stdout), "", "a conflicted key that never had a value is not written");
+}
+
+#[test]
+fn eval_names_a_broken_facts_file_line() {
+    let dir = tempdir("eval-broken");
+    let facts = dir.join("broken.facts");
+    std::fs::write(&facts, "# ok\nthis line has no equals sign\n").unwrap();
+    let out = ccattler(&["eval", "--facts", facts.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("broken.facts:2"), "{}", text(&out.stderr));
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
