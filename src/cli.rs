@@ -113,7 +113,7 @@ fn eval(facts: &std::path::Path, rules: &std::path::Path, format: Format, worker
         eprintln!("{}:{}: rejected {key}: {reason}", facts.display(), line_of(key));
     }
     for c in session.conflicts() {
-        let vals: Vec<String> = c.values.iter().map(|(v, rel)| format!("{v:?} (from {rel})")).collect();
+        let vals: Vec<String> = c.values.iter().map(|(v, rules)| format!("{v:?} (from {})", rules.join(", "))).collect();
         eprintln!("conflict: {} has {} values: {}", c.key, vals.len(), vals.join(", "));
     }
     match format {
@@ -126,7 +126,7 @@ fn eval(facts: &std::path::Path, rules: &std::path::Path, format: Format, worker
             let derived: serde_json::Map<String, serde_json::Value> =
                 session.derived().iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
             let rejected: Vec<_> = session.rejected().iter().map(|(k, r)| serde_json::json!({"key": k, "line": line_of(k), "reason": r})).collect();
-            let conflicts: Vec<_> = session.conflicts().map(|c| serde_json::json!({"key": c.key, "values": c.values.iter().map(|(v, r)| serde_json::json!({"value": v, "relation": r})).collect::<Vec<_>>()})).collect();
+            let conflicts: Vec<_> = session.conflicts().map(|c| serde_json::json!({"key": c.key, "values": c.values.iter().map(|(v, r)| serde_json::json!({"value": v, "rules": r})).collect::<Vec<_>>()})).collect();
             println!("{}", serde_json::json!({"derived": derived, "rejected": rejected, "conflicts": conflicts}));
         }
     }

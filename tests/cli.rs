@@ -93,6 +93,8 @@ fn eval_reports_conflicts_and_exits_1() {
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("conflict: o/web has 2 values"), "{err}");
+    assert!(err.contains("\"1\" (from ") && err.contains("c.rules:3"), "{err}");
+    assert!(err.contains("\"2\" (from ") && err.contains("c.rules:4"), "{err}");
     assert_eq!(text(&out.stdout), "", "a conflicted key that never had a value is not written");
 }
 

@@ -130,14 +130,28 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     }
 }
 
+/// What [`build`] makes: a collection per relation, and for each output
+/// relation its rows tagged with the rule that derived them (`[rule, row…]`),
+/// so a conflict can name the rules behind each value.
+pub struct Built<'s> {
+    pub relations: BTreeMap<RelId, Coll<'s, u64>>,
+    pub attributed: BTreeMap<RelId, Coll<'s, u64>>,
+}
+
+fn tag<'s, T: Timestamp + Lattice + Ord>(rule: usize, rows: Coll<'s, T>) -> Coll<'s, T> {
+    rows.map(move |row| std::iter::once(Value::Int(rule as i64)).chain(row).collect())
+}
+
 /// Builds every stratum into `scope`. `inputs` holds a collection per input
-/// relation; the result holds a collection for every relation.
+/// relation.
 pub fn build<'s>(
     program: &Program,
     plans: &[Rc<RulePlan>],
     inputs: BTreeMap<RelId, Coll<'s, u64>>,
     unit: Coll<'s, u64>,
-) -> BTreeMap<RelId, Coll<'s, u64>> {
+) -> Built<'s> {
+    let is_output = |rel: RelId| program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
+    let mut attributed = BTreeMap::new();
     let mut top = Scope { rels: inputs, unit, arranged: BTreeMap::new() };
     for stratum in &program.strata {
         let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| !top.rels.contains_key(r)).collect();
@@ -148,8 +162,16 @@ pub fn build<'s>(
         if !stratum.recursive {
             for &rel in &derived {
                 let mut parts = Vec::new();
+                let mut tagged = Vec::new();
                 for p in rules_of(rel) {
-                    parts.push(top.rule(p));
+                    let rows = top.rule(p);
+                    if is_output(rel) {
+                        tagged.push(tag(p.rule, rows.clone()));
+                    }
+                    parts.push(rows);
+                }
+                if is_output(rel) {
+                    attributed.insert(rel, differential_dataflow::collection::concatenate(top.unit.scope(), tagged).distinct());
                 }
                 let single_aggregate = parts.len() == 1 && rules_of(rel).all(|p| p.has_aggregate());
                 let all = differential_dataflow::collection::concatenate(top.unit.scope(), parts);
@@ -183,6 +205,13 @@ pub fn build<'s>(
             results
         });
         top.rels.extend(results);
+        // Attribution of a recursive output: a row comes from rule r exactly
+        // when r's body matches the fixed point, so evaluate each rule once more
+        // over the final relations.
+        for &rel in derived.iter().filter(|r| is_output(**r)) {
+            let tagged: Vec<_> = rules_of(rel).map(|p| tag(p.rule, top.rule(p))).collect();
+            attributed.insert(rel, differential_dataflow::collection::concatenate(outer, tagged).distinct());
+        }
     }
-    top.rels
+    Built { relations: top.rels, attributed }
 }

@@ -96,15 +96,15 @@ impl InputFacts {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
     pub key: String,
-    /// Each value with the output relation that derived it.
-    pub values: Vec<(String, String)>,
+    /// Each value with the rules that derived it (`file:line`).
+    pub values: Vec<(String, Vec<String>)>,
 }
 
 /// The output side: every derived tuple, grouped by the key it renders to.
 #[derive(Default)]
 pub struct OutputFacts {
-    /// key → candidate values → (relation, count of tuples giving it)
-    candidates: HashMap<String, BTreeMap<String, (RelId, isize)>>,
+    /// key → candidate value → rule → count of tuples giving it
+    candidates: HashMap<String, BTreeMap<String, BTreeMap<usize, isize>>>,
     /// What the rules derive now, one value per key (conflicted keys keep their
     /// last unique value, or are absent if they never had one).
     pub resolved: BTreeMap<String, String>,
@@ -121,18 +121,25 @@ pub fn encode(program: &Program, rel: RelId, row: &[Value]) -> Option<(String, S
 }
 
 impl OutputFacts {
-    /// Applies output tuple diffs; returns the keys whose resolved value changed.
+    /// Applies output tuple diffs (rows prefixed with their rule id, as
+    /// [`crate::Engine::apply`] returns them); returns the keys whose resolved
+    /// value changed.
     pub fn apply(&mut self, program: &Program, diffs: &[Change]) -> Vec<String> {
         let mut touched = Vec::new();
-        for (rel, row, d) in diffs {
+        for (rel, tagged, d) in diffs {
             if program.relations[*rel].kind != DeclKind::Output {
                 continue;
             }
+            let Some((Value::Int(rule), row)) = tagged.split_first() else { continue };
             let Some((key, value)) = encode(program, *rel, row) else { continue };
             let cands = self.candidates.entry(key.clone()).or_default();
-            let e = cands.entry(value.clone()).or_insert((*rel, 0));
-            e.1 += d;
-            if e.1 == 0 {
+            let rules = cands.entry(value.clone()).or_default();
+            let count = rules.entry(*rule as usize).or_insert(0);
+            *count += d;
+            if *count == 0 {
+                rules.remove(&(*rule as usize));
+            }
+            if rules.is_empty() {
                 cands.remove(&value);
             }
             if cands.is_empty() {
@@ -156,7 +163,7 @@ impl OutputFacts {
                     self.conflicts.remove(&key);
                 }
                 Some(c) => {
-                    let values = c.iter().map(|(v, (rel, _))| (v.clone(), program.relations[*rel].name.clone())).collect();
+                    let values = c.iter().map(|(v, rules)| (v.clone(), rules.keys().map(|r| program.rule_location(*r)).collect())).collect();
                     self.conflicts.insert(key.clone(), Conflict { key: key.clone(), values });
                 }
             }

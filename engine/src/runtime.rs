@@ -92,6 +92,8 @@ impl Engine {
 
     /// Applies input changes at revision `rev` (which must increase) and returns
     /// the consolidated changes of every output relation, complete as of `rev`.
+    /// Each output row is prefixed with the id of the rule that derived it
+    /// (`[rule, col…]`); a row two rules derive appears once per rule.
     pub fn apply(&mut self, rev: u64, changes: Vec<Change>) -> Result<Vec<Change>, EngineError> {
         if rev <= self.last_rev {
             return Err(EngineError::RevisionOrder { rev, last: self.last_rev });
@@ -171,19 +173,17 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
             inputs.insert(rel, input);
             colls.insert(rel, coll);
         }
-        let all = dataflow::build(program, &plans, colls, unit);
+        let built = dataflow::build(program, &plans, colls, unit);
+        for (rel, coll) in built.attributed {
+            let buf = outputs.clone();
+            coll.inspect_batch(move |_t, data| {
+                let mut b = buf.borrow_mut();
+                b.extend(data.iter().map(|(row, t, d)| (rel, row.clone(), *t, *d)));
+            })
+            .probe_with(&probe);
+        }
         let mut traces: BTreeMap<RelId, QueryTrace> = BTreeMap::new();
-        for (rel, coll) in all {
-            let is_output = program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
-            let coll = if is_output {
-                let buf = outputs.clone();
-                coll.inspect_batch(move |_t, data| {
-                    let mut b = buf.borrow_mut();
-                    b.extend(data.iter().map(|(row, t, d)| (rel, row.clone(), *t, *d)));
-                })
-            } else {
-                coll
-            };
+        for (rel, coll) in built.relations {
             let arranged = coll.arrange_by_self();
             arranged.stream.clone().probe_with(&probe);
             traces.insert(rel, arranged.trace);

@@ -285,6 +285,8 @@ fn run_case(seed: u64, workers: usize) -> Result<(), String> {
     let program = Arc::new(program);
     let mut engine = Engine::start(program.clone(), workers).map_err(|e| e.to_string())?;
     let mut inputs: Db = BTreeMap::new();
+    // Output diffs as released by `apply`, accumulated: (relation, rule, row) → count.
+    let mut released: BTreeMap<(usize, Row), isize> = BTreeMap::new();
     let batches = 1 + rng.below(5);
     for batch in 0..batches {
         let mut changes: Vec<(usize, Row, isize)> = Vec::new();
@@ -303,14 +305,31 @@ fn run_case(seed: u64, workers: usize) -> Result<(), String> {
                 changes.push((rel, row, 1));
             }
         }
-        engine.apply(batch as u64 + 1, changes).map_err(|e| e.to_string())?;
+        for (rel, tagged, d) in engine.apply(batch as u64 + 1, changes).map_err(|e| e.to_string())? {
+            *released.entry((rel, tagged)).or_default() += d;
+        }
+        released.retain(|_, d| *d != 0);
         let expected = oracle(&program, &inputs);
+        if let Some(((rel, row), d)) = released.iter().find(|(_, d)| **d != 1) {
+            return Err(format!("released output {row:?} of relation {rel} has count {d}\nprogram:\n{src}"));
+        }
         for (rel, r) in program.relations.iter().enumerate() {
             if r.kind == DeclKind::Input {
                 continue;
             }
             let got: BTreeSet<Row> = engine.query(rel).map_err(|e| e.to_string())?.into_iter().collect();
             let want = expected.get(&rel).cloned().unwrap_or_default();
+            if r.kind == DeclKind::Output {
+                let from_diffs: BTreeSet<Row> = released.keys().filter(|(x, _)| *x == rel).map(|(_, t)| t[1..].to_vec()).collect();
+                if from_diffs != want {
+                    return Err(format!(
+                        "batch {batch}, released diffs of {}:\n  diffs only: {:?}\n  oracle only: {:?}\nprogram:\n{src}",
+                        r.name,
+                        from_diffs.difference(&want).collect::<Vec<_>>(),
+                        want.difference(&from_diffs).collect::<Vec<_>>()
+                    ));
+                }
+            }
             if got != want {
                 return Err(format!(
                     "batch {batch}, relation {}:\n  engine only: {:?}\n  oracle only: {:?}\nprogram:\n{src}\ninputs: {inputs:?}",
