@@ -3,7 +3,7 @@
 
 use crate::plan::{compare, AtomFilter, RulePlan, Step};
 use crate::value::{Row, Value};
-use ccattler_parser::program::{Program, RelId};
+use ccattler_parser::program::{Builtin, Program, RelId};
 use differential_dataflow::lattice::Lattice;
 use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
 use differential_dataflow::operators::iterate::VecVariable;
@@ -130,6 +130,27 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     }
 }
 
+impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
+    /// A built-in over whole relations. `assign` needs every input at once, so
+    /// all rows meet in one group (on one worker) and the assignment is
+    /// recomputed when any of them changes; the rules keep its inputs small in
+    /// steady state (only services with pending instances have candidates).
+    fn builtin(&mut self, b: &Builtin) -> Coll<'s, T> {
+        let Builtin::Assign { pending, candidate, free } = *b;
+        let tagged: Vec<Coll<'s, T>> = [pending, candidate, free]
+            .into_iter()
+            .enumerate()
+            .map(|(i, rel)| tag(i, self.relation(rel)))
+            .collect();
+        differential_dataflow::collection::concatenate(self.unit.scope(), tagged)
+            .map(|row| ((), row))
+            .reduce(|_unit, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
+                out.extend(crate::builtin::assign_rows(input).into_iter().map(|r| (r, 1)));
+            })
+            .map(|((), row)| row)
+    }
+}
+
 /// What [`build`] makes: a collection per relation, and for each output
 /// relation its rows tagged with the rule that derived them (`[rule, row…]`),
 /// so a conflict can name the rules behind each value.
@@ -161,6 +182,12 @@ pub fn build<'s>(
         let rules_of = |rel: RelId| plans.iter().filter(move |p| p.head == rel && stratum.rules.contains(&p.rule));
         if !stratum.recursive {
             for &rel in &derived {
+                // Built-ins define internal relations only (never outputs).
+                if let Some(builtin) = &program.relations[rel].builtin {
+                    let coll = top.builtin(builtin);
+                    top.rels.insert(rel, coll);
+                    continue;
+                }
                 let mut parts = Vec::new();
                 let mut tagged = Vec::new();
                 for p in rules_of(rel) {

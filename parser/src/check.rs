@@ -24,6 +24,13 @@ pub fn check(sources: Sources, files: &[ast::File], complete: bool) -> (Option<P
     }
     for file in files {
         for item in &file.items {
+            if let ast::Item::Decl(d) = item {
+                cx.builtin(d);
+            }
+        }
+    }
+    for file in files {
+        for item in &file.items {
             if let ast::Item::Rule(r) = item {
                 cx.rule(r);
             }
@@ -113,8 +120,55 @@ impl Checker {
             kind: d.kind,
             columns: d.columns.iter().map(|c| ColumnDef { name: c.name.name.clone(), ty: c.ty }).collect(),
             pattern,
+            builtin: None,
             span: d.span,
         });
+    }
+
+    /// Resolves `relation r(…) = assign(pending, candidate, free)` and checks
+    /// every relation's columns against what the built-in needs.
+    fn builtin(&mut self, d: &ast::Decl) {
+        let Some(call) = &d.builtin else { return };
+        let Some(&id) = self.by_name.get(&d.name.name) else { return };
+        if self.relations[id].span != d.span {
+            return; // a duplicate declaration, already reported
+        }
+        if call.name.name != "assign" {
+            self.error(Diagnostic::error("unknown-builtin", call.name.span, format!("unknown built-in `{}`", call.name.name))
+                .with_help("the built-in is `assign(pending, candidate, free)`"));
+            return;
+        }
+        use Type::{Int, String as Text};
+        // (role, expected column types) — text columns accept `name` or `string`.
+        let shapes: [(&str, &[Type]); 3] = [
+            ("pending(instance, service, cpu, memory)", &[Text, Text, Int, Int]),
+            ("candidate(service, node, spread, score)", &[Text, Text, Int, Int]),
+            ("free(node, cpu, memory)", &[Text, Int, Int]),
+        ];
+        if call.args.len() != 3 {
+            self.error(Diagnostic::error("builtin-arity", call.span, format!("`assign` takes 3 relations, found {}", call.args.len()))
+                .with_help("write `assign(pending, candidate, free)`"));
+            return;
+        }
+        let mut ids = Vec::new();
+        for (arg, (role, types)) in call.args.iter().zip(shapes) {
+            let Some(rel) = self.lookup(arg) else { return };
+            let cols: Vec<Type> = self.relations[rel].columns.iter().map(|c| c.ty).collect();
+            if cols.len() != types.len() || cols.iter().zip(types).any(|(a, b)| !a.compatible(*b)) {
+                self.error(Diagnostic::error("builtin-signature", arg.span, format!("`{}` does not have the columns of {role}", arg.name))
+                    .with_help(format!("declare it with columns of types ({})", types.iter().map(|t| if t.is_text() { "name" } else { "int" }).collect::<Vec<_>>().join(", ")))
+                    .with_note(self.relations[rel].span, "declared here"));
+                return;
+            }
+            ids.push(rel);
+        }
+        let own: Vec<Type> = self.relations[id].columns.iter().map(|c| c.ty).collect();
+        if own.len() != 2 || !own.iter().all(|t| t.is_text()) {
+            self.error(Diagnostic::error("builtin-signature", d.name.span, format!("`{}` must have the columns (instance: name, node: name)", d.name.name))
+                .with_help("an assignment relation pairs each assigned instance with its node"));
+            return;
+        }
+        self.relations[id].builtin = Some(Builtin::Assign { pending: ids[0], candidate: ids[1], free: ids[2] });
     }
 
     fn lookup(&mut self, name: &ast::Ident) -> Option<RelId> {
@@ -144,6 +198,14 @@ impl Checker {
                     Diagnostic::error("derived-input", r.head.span, format!("`{}` is an input: its facts come from etcd, rules cannot derive it", r.head.name))
                         .with_note(span, "declared as input here")
                         .with_help("derive a new relation (declare it with `relation` or `output`) instead"),
+                );
+            }
+            if self.relations[h].builtin.is_some() {
+                let span = self.relations[h].span;
+                self.error(
+                    Diagnostic::error("derived-builtin", r.head.span, format!("`{}` is computed by a built-in; rules cannot also derive it", r.head.name))
+                        .with_note(span, "declared here")
+                        .with_help("derive another relation and combine the two in a third"),
                 );
             }
             let arity = self.relations[h].arity();
@@ -564,6 +626,14 @@ impl Checker {
     fn usage(&mut self) {
         let mut derived = vec![false; self.relations.len()];
         let mut read = vec![false; self.relations.len()];
+        for (id, rel) in self.relations.iter().enumerate() {
+            if let Some(b) = &rel.builtin {
+                derived[id] = true;
+                for r in b.reads() {
+                    read[r] = true;
+                }
+            }
+        }
         for r in &self.rules {
             derived[r.head] = true;
             for b in &r.body {
@@ -630,6 +700,11 @@ impl Checker {
                 }
             }
         }
+        for (id, rel) in self.relations.iter().enumerate() {
+            if let Some(b) = &rel.builtin {
+                deps[id].extend(b.reads());
+            }
+        }
         let comp = sccs(&deps);
         let ncomp = comp.iter().copied().max().map_or(0, |m| m + 1);
         // `sccs` numbers components so that dependencies come first.
@@ -660,7 +735,17 @@ impl Checker {
                 }
             }
         }
-        strata.retain(|s| !s.rules.is_empty() || s.relations.iter().any(|&r| self.relations[r].kind == DeclKind::Input));
+        for (id, rel) in self.relations.iter().enumerate() {
+            let Some(b) = &rel.builtin else { continue };
+            if let Some(&r) = b.reads().iter().find(|&&r| comp[r] == comp[id]) {
+                let cycle = self.cycle_names(&deps, &comp, id, r);
+                self.diags.push(
+                    Diagnostic::error("unstratifiable", rel.span, format!("a built-in through recursion: {cycle}"))
+                        .with_help("the built-in's inputs must not depend on its result; read the result back from etcd through an input instead"),
+                );
+            }
+        }
+        strata.retain(|s| !s.rules.is_empty() || s.relations.iter().any(|&r| self.relations[r].builtin.is_some()) || s.relations.iter().any(|&r| self.relations[r].kind == DeclKind::Input));
         strata
     }
 

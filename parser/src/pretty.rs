@@ -28,6 +28,10 @@ fn decl(out: &mut String, d: &Decl) {
         let word = if d.kind == DeclKind::Input { "from" } else { "to" };
         let _ = write!(out, " {word} {}", string(p));
     }
+    if let Some(b) = &d.builtin {
+        let args: Vec<&str> = b.args.iter().map(|a| a.name.as_str()).collect();
+        let _ = write!(out, " = {}({})", b.name.name, args.join(", "));
+    }
 }
 
 fn rule(out: &mut String, r: &Rule) {

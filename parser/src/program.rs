@@ -29,7 +29,25 @@ pub struct Relation {
     pub columns: Vec<ColumnDef>,
     /// `from` pattern of an input, `to` pattern of an output.
     pub pattern: Option<KeyPattern>,
+    /// Set when a built-in, not rules, computes this relation.
+    pub builtin: Option<Builtin>,
     pub span: Span,
+}
+
+/// Relations computed by a built-in operator instead of rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Builtin {
+    /// `assign(pending, candidate, free)`: capacity-respecting greedy
+    /// assignment of instances to nodes (see docs/language.md).
+    Assign { pending: RelId, candidate: RelId, free: RelId },
+}
+
+impl Builtin {
+    pub fn reads(&self) -> Vec<RelId> {
+        match self {
+            Builtin::Assign { pending, candidate, free } => vec![*pending, *candidate, *free],
+        }
+    }
 }
 
 impl Relation {

@@ -314,13 +314,26 @@ impl P {
                 (r, Some(pat))
             }
         };
+        let (i, builtin) = match (kind, self.tok(i, "=")) {
+            (DeclKind::Relation, Ok((r, _))) => {
+                let call_start = r;
+                let (r, fname) = self.ident(r, "a built-in, e.g. assign(pending, candidate, free)")?;
+                let (r, _) = self.tok(r, "(")?;
+                let (r, args) = self.list(r, |x| self.ident(x, "a relation name"))?;
+                let close = self.pos(r) + 1;
+                let (r, _) = self.tok(r, ")").or_else(|_| fail(r, "`,` or `)`"))?;
+                end = close;
+                (r, Some(BuiltinCall { name: fname, args, span: Span::new(self.file, self.pos(call_start), close) }))
+            }
+            _ => (i, None),
+        };
         let dot_at = self.pos(i) + 1;
         let (i, dot) = opt(|x| self.tok_dot(x)).parse(i)?;
         if dot.is_some() {
             end = dot_at;
         }
         let span = Span::new(self.file, self.pos(start), end);
-        Ok((i, Decl { kind, name, columns, pattern, span }))
+        Ok((i, Decl { kind, name, columns, pattern, builtin, span }))
     }
 
     /// `head(t, …) :- item, … .` or a fact `head(c, …).`

@@ -115,7 +115,7 @@ fn item() -> impl Strategy<Value = Item> {
     let kind = prop_oneof![Just(DeclKind::Input), Just(DeclKind::Output), Just(DeclKind::Relation)];
     let decl = (kind, ident(), proptest::collection::vec(column, 0..4), "[a-z{}/]{1,12}").prop_map(|(kind, name, columns, p)| {
         let pattern = (kind != DeclKind::Relation).then(|| (p, Span::default()));
-        Item::Decl(Decl { kind, name, columns, pattern, span: Span::default() })
+        Item::Decl(Decl { kind, name, columns, pattern, builtin: None, span: Span::default() })
     });
     let rule = (ident(), proptest::collection::vec(head_term(), 0..4), proptest::collection::vec(body_item(), 0..4)).prop_map(
         |(head, head_terms, body)| Item::Rule(Rule { head, head_terms, head_span: Span::default(), body, span: Span::default() }),
@@ -154,6 +154,7 @@ fn strip_item(i: Item) -> Item {
             name: strip_ident(x.name),
             columns: x.columns.into_iter().map(|c| Column { name: strip_ident(c.name), ty: c.ty, ty_span: d }).collect(),
             pattern: x.pattern.map(|(p, _)| (p, d)),
+            builtin: x.builtin,
             span: d,
         }),
         Item::Rule(r) => Item::Rule(Rule {
