@@ -77,6 +77,10 @@ pub fn assign(pending: &[Pending], candidates: &[Candidate], free: &[Free]) -> V
 
 /// The reduce body: rows tagged 0 (pending), 1 (candidate), 2 (free).
 pub fn assign_rows(input: &[(&Row, isize)]) -> Vec<Row> {
+    // Nothing pending (the steady state): nothing to assign, skip the rest.
+    if !input.iter().any(|(row, m)| *m > 0 && row.first() == Some(&Value::Int(0))) {
+        return Vec::new();
+    }
     let (mut p, mut c, mut f) = (Vec::new(), Vec::new(), Vec::new());
     let int = |v: &Value| v.as_int().unwrap_or(0);
     for (row, mult) in input {

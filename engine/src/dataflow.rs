@@ -7,7 +7,7 @@ use ccattler_parser::program::{Builtin, Program, RelId};
 use differential_dataflow::lattice::Lattice;
 use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
 use differential_dataflow::operators::iterate::VecVariable;
-use differential_dataflow::trace::implementations::ValSpine;
+use differential_dataflow::trace::implementations::{KeyBuilder, KeySpine, ValSpine};
 use differential_dataflow::VecCollection;
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -15,6 +15,8 @@ use timely::order::Product;
 use timely::progress::Timestamp;
 
 pub type Coll<'s, T> = VecCollection<'s, T, Row, isize>;
+/// A relation's current tuples, readable by point-in-time queries.
+pub type QueryTrace = TraceAgent<KeySpine<Row, u64, isize>>;
 type Arr<'s, T> = Arranged<'s, TraceAgent<ValSpine<Row, Row, T, isize>>>;
 
 /// Collections and shared arrangements of one scope. Ordered maps only: every
@@ -49,12 +51,33 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     }
 
     /// The head rows one rule derives (not yet deduplicated).
+    ///
+    /// The plan is cut into segments: a leading atom or a join/anti-join, then
+    /// the filters, assignments and ranges after it, which run inside the same
+    /// operator's closure (and the head projection inside the last one).
     fn rule(&mut self, plan: &Rc<RulePlan>) -> Coll<'s, T> {
         let nvars = plan.nvars;
-        let mut b: Coll<'s, T> = self.unit.clone().map(move |_| vec![Value::Int(0); nvars]);
-        for step in &plan.steps {
-            b = match step {
-                Step::Join { rel, filter, key, bind } => {
+        let aggregate = plan.has_aggregate();
+        let segments = segments(&plan.steps);
+        let last = segments.len().saturating_sub(1);
+        let mut b: Option<Coll<'s, T>> = None;
+        for (n, (head, pure)) in segments.into_iter().enumerate() {
+            // What to do with each binding after this segment's operator.
+            let finish = Finish { pure: pure.into(), head: (n == last && !aggregate).then(|| plan.clone()) };
+            b = Some(match (head, b) {
+                // A leading atom is a scan of its relation, not a join.
+                (Some(Step::Join { rel, filter, key, bind }), None) => {
+                    debug_assert!(key.is_empty());
+                    let (f, bind) = (filter.clone(), bind.clone());
+                    self.relation(*rel).filter(move |row| f.accepts(row)).flat_map(move |fact| {
+                        let mut row = vec![Value::Int(0); nvars];
+                        for (pos, var) in &bind {
+                            row[*var] = fact[*pos];
+                        }
+                        finish.run(row)
+                    })
+                }
+                (Some(Step::Join { rel, filter, key, bind }), Some(b)) => {
                     let arr = self.arrangement(*rel, filter, key.iter().map(|(p, _)| *p).collect());
                     let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
                     let bind = bind.clone();
@@ -64,10 +87,11 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                             for (pos, var) in &bind {
                                 out[*var] = fact[*pos];
                             }
-                            Some(out)
+                            finish.run(out)
                         })
                 }
-                Step::AntiJoin { rel, filter, key } => {
+                (Some(Step::AntiJoin { rel, filter, key }), b) => {
+                    let b = b.unwrap_or_else(|| self.unit.clone().map(move |_| vec![Value::Int(0); nvars]));
                     let f = filter.clone();
                     let positions: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
                     let present = self
@@ -78,54 +102,98 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
                     b.map(move |row| (key_vars.iter().map(|v| row[*v]).collect::<Row>(), row))
                         .antijoin(present)
-                        .map(|(_, row)| row)
+                        .flat_map(move |(_, row)| finish.run(row))
                 }
-                Step::Filter { op, lhs, rhs } => {
-                    let (op, lhs, rhs) = (*op, lhs.clone(), rhs.clone());
-                    b.filter(move |row| match (lhs.eval(row), rhs.eval(row)) {
-                        (Some(a), Some(b)) => compare(op, &a, &b),
+                // No atom yet: start from the one empty row.
+                (None, None) => self.unit.clone().flat_map(move |_| finish.run(vec![Value::Int(0); nvars])),
+                (None, Some(b)) => b.flat_map(move |row| finish.run(row)),
+                (Some(_), _) => unreachable!("segments start with a join or an anti-join"),
+            });
+        }
+        let b = b.unwrap_or_else(|| {
+            let finish = Finish { pure: Rc::from(Vec::new()), head: (!aggregate).then(|| plan.clone()) };
+            self.unit.clone().flat_map(move |_| finish.run(vec![Value::Int(0); nvars]))
+        });
+        if !aggregate {
+            return b;
+        }
+        // Aggregates range over the distinct bindings of the body.
+        let (p1, p2, p3) = (plan.clone(), plan.clone(), plan.clone());
+        b.distinct()
+            .flat_map(move |row| p1.group_and_args(&row))
+            .reduce(move |_group, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
+                if let Some(aggs) = p2.aggregate(input) {
+                    out.push((aggs, 1));
+                }
+            })
+            .map(move |(group, aggs)| p3.head_from_group(&group, &aggs))
+    }
+}
+
+/// Splits a plan into (join or anti-join, the pure steps after it). A plan
+/// that starts with pure steps gets a first segment without a join.
+fn segments(steps: &[Step]) -> Vec<(Option<&Step>, Vec<Step>)> {
+    let mut out: Vec<(Option<&Step>, Vec<Step>)> = Vec::new();
+    for step in steps {
+        match step {
+            Step::Join { .. } | Step::AntiJoin { .. } => out.push((Some(step), Vec::new())),
+            pure => match out.last_mut() {
+                Some((_, p)) => p.push(pure.clone()),
+                None => out.push((None, vec![pure.clone()])),
+            },
+        }
+    }
+    out
+}
+
+/// Filters, assignments and ranges applied to one binding, then (for the last
+/// segment of a non-aggregate rule) the head projection.
+struct Finish {
+    pure: Rc<[Step]>,
+    head: Option<Rc<RulePlan>>,
+}
+
+impl Finish {
+    fn run(&self, row: Row) -> Vec<Row> {
+        let mut rows = vec![row];
+        for step in self.pure.iter() {
+            rows = match step {
+                Step::Filter { op, lhs, rhs } => rows
+                    .into_iter()
+                    .filter(|row| match (lhs.eval(row), rhs.eval(row)) {
+                        (Some(a), Some(b)) => compare(*op, &a, &b),
                         _ => false,
                     })
-                }
-                Step::Assign { var, expr } => {
-                    let (var, expr) = (*var, expr.clone());
-                    b.flat_map(move |mut row| {
-                        let v = expr.eval(&row)?;
-                        row[var] = v;
+                    .collect(),
+                Step::Assign { var, expr } => rows
+                    .into_iter()
+                    .filter_map(|mut row| {
+                        row[*var] = expr.eval(&row)?;
                         Some(row)
                     })
-                }
-                Step::Range { var, lo, hi } => {
-                    let (var, lo, hi) = (*var, lo.clone(), hi.clone());
-                    b.flat_map(move |row| {
-                        let bounds = lo.eval(&row).and_then(|l| l.as_int()).zip(hi.eval(&row).and_then(|h| h.as_int()));
-                        let (l, h) = bounds.unwrap_or((0, 0));
+                    .collect(),
+                Step::Range { var, lo, hi } => rows
+                    .into_iter()
+                    .flat_map(|row| {
+                        let lo = lo.eval(&row).and_then(|v| v.as_int());
+                        let hi = hi.eval(&row).and_then(|v| v.as_int());
+                        let (l, h) = lo.zip(hi).unwrap_or((0, 0));
                         (l..h.max(l)).map(move |i| {
                             let mut r = row.clone();
-                            r[var] = Value::Int(i);
+                            r[*var] = Value::Int(i);
                             r
                         })
                     })
-                }
+                    .collect(),
+                Step::Join { .. } | Step::AntiJoin { .. } => unreachable!("only pure steps are fused"),
             };
+            if rows.is_empty() {
+                break;
+            }
         }
-        if plan.has_aggregate() {
-            // Aggregates range over the distinct bindings of the body.
-            let (p1, p2) = (plan.clone(), plan.clone());
-            b.distinct()
-                .flat_map(move |row| p1.group_and_args(&row))
-                .reduce(move |_group, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
-                    if let Some(aggs) = p2.aggregate(input) {
-                        out.push((aggs, 1));
-                    }
-                })
-                .map({
-                    let p = plan.clone();
-                    move |(group, aggs)| p.head_from_group(&group, &aggs)
-                })
-        } else {
-            let p = plan.clone();
-            b.flat_map(move |row| p.head_row(&row))
+        match &self.head {
+            Some(plan) => rows.iter().filter_map(|b| plan.head_row(b)).collect(),
+            None => rows,
         }
     }
 }
@@ -151,12 +219,29 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     }
 }
 
-/// What [`build`] makes: a collection per relation, and for each output
-/// relation its rows tagged with the rule that derived them (`[rule, row…]`),
-/// so a conflict can name the rules behind each value.
+/// What [`build`] makes: a collection per relation; for each output relation
+/// its rows tagged with the rule that derived them (`[rule, row…]`, with
+/// multiplicity), so a conflict can name the rules behind each value; and the
+/// query traces that deduplication already built.
 pub struct Built<'s> {
     pub relations: BTreeMap<RelId, Coll<'s, u64>>,
     pub attributed: BTreeMap<RelId, Coll<'s, u64>>,
+    pub traces: BTreeMap<RelId, QueryTrace>,
+}
+
+/// `distinct`, keeping the arrangement it builds as the relation's query trace
+/// (so deduplicated relations need no second arrangement).
+fn distinct_with_trace(rows: Coll<'_, u64>) -> (Coll<'_, u64>, QueryTrace) {
+    let arranged = rows.arrange_by_self().reduce_abelian::<_, KeyBuilder<Row, u64, isize>, KeySpine<Row, u64, isize>, _, _>(
+        "Distinct",
+        |_row, _count, out| out.push(((), 1)),
+        |vec, key, upds| {
+            vec.clear();
+            vec.extend(upds.drain(..).map(|(v, t, r)| ((key.clone(), v), t, r)));
+        },
+    );
+    let trace = arranged.trace.clone();
+    (arranged.as_collection(|row, _| row.clone()), trace)
 }
 
 fn tag<'s, T: Timestamp + Lattice + Ord>(rule: usize, rows: Coll<'s, T>) -> Coll<'s, T> {
@@ -173,6 +258,7 @@ pub fn build<'s>(
 ) -> Built<'s> {
     let is_output = |rel: RelId| program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
     let mut attributed = BTreeMap::new();
+    let mut traces = BTreeMap::new();
     let mut top = Scope { rels: inputs, unit, arranged: BTreeMap::new() };
     for stratum in &program.strata {
         let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| !top.rels.contains_key(r)).collect();
@@ -198,12 +284,18 @@ pub fn build<'s>(
                     parts.push(rows);
                 }
                 if is_output(rel) {
-                    attributed.insert(rel, differential_dataflow::collection::concatenate(top.unit.scope(), tagged).distinct());
+                    attributed.insert(rel, differential_dataflow::collection::concatenate(top.unit.scope(), tagged));
                 }
                 let single_aggregate = parts.len() == 1 && rules_of(rel).all(|p| p.has_aggregate());
                 let all = differential_dataflow::collection::concatenate(top.unit.scope(), parts);
                 // One aggregate rule already yields one row per group.
-                let rel_coll = if single_aggregate { all } else { all.distinct() };
+                let rel_coll = if single_aggregate {
+                    all
+                } else {
+                    let (coll, trace) = distinct_with_trace(all);
+                    traces.insert(rel, trace);
+                    coll
+                };
                 top.rels.insert(rel, rel_coll);
             }
             continue;
@@ -237,8 +329,8 @@ pub fn build<'s>(
         // over the final relations.
         for &rel in derived.iter().filter(|r| is_output(**r)) {
             let tagged: Vec<_> = rules_of(rel).map(|p| tag(p.rule, top.rule(p))).collect();
-            attributed.insert(rel, differential_dataflow::collection::concatenate(outer, tagged).distinct());
+            attributed.insert(rel, differential_dataflow::collection::concatenate(outer, tagged));
         }
     }
-    Built { relations: top.rels, attributed }
+    Built { relations: top.rels, attributed, traces }
 }

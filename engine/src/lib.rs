@@ -12,6 +12,7 @@ pub mod facts;
 pub mod plan;
 pub mod runtime;
 pub mod session;
+pub mod synth;
 pub mod value;
 
 pub use runtime::{Change, Engine, EngineError};

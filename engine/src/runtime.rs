@@ -1,14 +1,12 @@
 //! The engine's threads: timely workers that own the dataflow, driven over
 //! channels. Callers talk to [`Engine`]; nothing of timely leaks out.
 
-use crate::dataflow::{self, Coll};
+use crate::dataflow::{self, Coll, QueryTrace};
 use crate::plan::{self, RulePlan};
 use crate::value::{Row, Value};
 use ccattler_parser::program::{Program, RelId};
 use differential_dataflow::input::{Input, InputSession};
-use differential_dataflow::operators::arrange::TraceAgent;
 use differential_dataflow::trace::cursor::{cursor_list, Cursor};
-use differential_dataflow::trace::implementations::KeySpine;
 use differential_dataflow::trace::TraceReader;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -70,7 +68,7 @@ impl Engine {
         let (done_tx, done) = channel();
         let done_tx = Arc::new(Mutex::new(done_tx));
         let prog = program.clone();
-        let config = timely::Config::process(workers);
+        let config = if workers == 1 { timely::Config::thread() } else { timely::Config::process(workers) };
         let guards = timely::execute(config, move |worker| {
             let rx = receivers.lock().expect("receiver list").get_mut(worker.index()).and_then(Option::take);
             let tx = done_tx.lock().expect("sender").clone();
@@ -158,7 +156,6 @@ pub fn consolidate(mut changes: Vec<Change>) -> Vec<Change> {
     out
 }
 
-type QueryTrace = TraceAgent<KeySpine<Row, u64, isize>>;
 
 fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiver<Cmd>, tx: Sender<Done>) {
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
@@ -182,11 +179,15 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
             })
             .probe_with(&probe);
         }
-        let mut traces: BTreeMap<RelId, QueryTrace> = BTreeMap::new();
+        let mut traces = built.traces;
         for (rel, coll) in built.relations {
-            let arranged = coll.arrange_by_self();
-            arranged.stream.clone().probe_with(&probe);
-            traces.insert(rel, arranged.trace);
+            if traces.contains_key(&rel) {
+                coll.probe_with(&probe);
+            } else {
+                let arranged = coll.arrange_by_self();
+                arranged.stream.clone().probe_with(&probe);
+                traces.insert(rel, arranged.trace);
+            }
         }
         (unit_input, inputs, traces)
     });
@@ -207,7 +208,15 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                     input.advance_to(rev + 1);
                     input.flush();
                 }
-                worker.step_while(|| probe.less_equal(&rev));
+                let mut steps = 0usize;
+                let t0 = std::time::Instant::now();
+                while probe.less_equal(&rev) {
+                    worker.step();
+                    steps += 1;
+                }
+                if std::env::var_os("CCATTLER_STEPS").is_some() {
+                    eprintln!("rev {rev}: {steps} steps in {:?}", t0.elapsed());
+                }
                 let frontier = Antichain::from_elem(rev);
                 for t in traces.values_mut() {
                     t.set_logical_compaction(frontier.borrow());

@@ -5,7 +5,7 @@
 use crate::facts::{Conflict, InputFacts, OutputFacts};
 use crate::runtime::{Engine, EngineError};
 use ccattler_parser::program::Program;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// How many write-back rounds settle may take before it gives up.
@@ -19,18 +19,34 @@ pub enum SessionError {
     NoFixedPoint(String),
 }
 
+/// A write: `Some(value)` puts, `None` deletes.
+pub type Write = (String, Option<String>);
+
 pub struct Session {
     engine: Engine,
-    /// The simulated store: every key, input or output.
-    pub store: BTreeMap<String, (String, u64)>,
+    /// What the simulated store holds under output patterns.
+    stored_outputs: BTreeMap<String, String>,
     pub inputs: InputFacts,
     pub outputs: OutputFacts,
     rev: u64,
+    /// Write-back rounds the last `write` took.
+    pub last_rounds: usize,
+    /// How long the last `write` took until its own revision's output diff was
+    /// complete (before any write-back round).
+    pub last_first_diff: std::time::Duration,
 }
 
 impl Session {
     pub fn new(program: Arc<Program>, workers: usize) -> Result<Session, SessionError> {
-        Ok(Session { engine: Engine::start(program, workers)?, store: BTreeMap::new(), inputs: InputFacts::default(), outputs: OutputFacts::default(), rev: 0 })
+        Ok(Session {
+            engine: Engine::start(program, workers)?,
+            stored_outputs: BTreeMap::new(),
+            inputs: InputFacts::default(),
+            outputs: OutputFacts::default(),
+            rev: 0,
+            last_rounds: 0,
+            last_first_diff: std::time::Duration::ZERO,
+        })
     }
 
     pub fn program(&self) -> &Arc<Program> {
@@ -43,76 +59,61 @@ impl Session {
         self.rev
     }
 
-    /// Writes (Some) or deletes (None) keys in one revision, then settles.
-    pub fn write(&mut self, changes: &[(String, Option<String>)]) -> Result<(), SessionError> {
-        self.rev += 1;
-        let rev = self.rev;
-        let program = self.engine.program().clone();
-        let mut tuple_changes = Vec::new();
-        for (key, value) in changes {
-            match value {
-                Some(v) => {
-                    self.store.insert(key.clone(), (v.clone(), rev));
-                    self.inputs.put(&program, key, v, rev, &mut tuple_changes);
-                }
-                None => {
-                    self.store.remove(key);
-                    self.inputs.delete(key, &mut tuple_changes);
-                }
-            }
-        }
-        let diffs = self.engine.apply(rev, tuple_changes)?;
-        self.outputs.apply(&program, &diffs);
-        self.settle()
-    }
-
-    /// Writes what the rules derive back into the store (as the bridge does)
-    /// until the store holds exactly the derived outputs.
-    fn settle(&mut self) -> Result<(), SessionError> {
-        for _ in 0..MAX_ROUNDS {
-            let writes = self.reconcile();
-            if writes.is_empty() {
+    /// Writes keys in one revision, then writes back what the rules derive (as
+    /// the bridge does) until the store holds exactly the derived outputs.
+    pub fn write(&mut self, writes: &[Write]) -> Result<(), SessionError> {
+        let start = std::time::Instant::now();
+        let mut dirty = self.apply(writes)?;
+        self.last_first_diff = start.elapsed();
+        for round in 0..MAX_ROUNDS {
+            let back = self.reconcile(&dirty);
+            if back.is_empty() {
+                self.last_rounds = round;
                 return Ok(());
             }
-            self.rev += 1;
-            let rev = self.rev;
-            let program = self.engine.program().clone();
-            let mut tuple_changes = Vec::new();
-            for (key, value) in &writes {
-                match value {
-                    Some(v) => {
-                        self.store.insert(key.clone(), (v.clone(), rev));
-                        self.inputs.put(&program, key, v, rev, &mut tuple_changes);
-                    }
-                    None => {
-                        self.store.remove(key);
-                        self.inputs.delete(key, &mut tuple_changes);
-                    }
-                }
-            }
-            let diffs = self.engine.apply(rev, tuple_changes)?;
-            self.outputs.apply(&program, &diffs);
+            dirty = self.apply(&back)?;
         }
-        let pending: Vec<String> = self.reconcile().into_iter().take(5).map(|(k, _)| k).collect();
+        let pending: Vec<String> = self.reconcile(&dirty).into_iter().take(5).map(|(k, _)| k).collect();
         Err(SessionError::NoFixedPoint(pending.join(", ")))
     }
 
-    /// The writes that make the store's output keys equal the derived outputs:
-    /// puts for missing or different values, deletes for keys nothing derives.
-    pub fn reconcile(&self) -> Vec<(String, Option<String>)> {
-        let program = self.engine.program();
-        let is_output_key = |k: &str| {
-            program.outputs().any(|(_, r)| r.pattern.as_ref().is_some_and(|p| p.match_key(k).is_some()))
-        };
-        let mut writes = Vec::new();
-        for (k, v) in &self.outputs.resolved {
-            if self.store.get(k).map(|(sv, _)| sv) != Some(v) {
-                writes.push((k.clone(), Some(v.clone())));
+    /// One revision: store the writes, run the engine; returns the keys that
+    /// may now need writing back.
+    fn apply(&mut self, writes: &[Write]) -> Result<BTreeSet<String>, SessionError> {
+        self.rev += 1;
+        let rev = self.rev;
+        let program = self.engine.program().clone();
+        let mut changes = Vec::new();
+        let mut dirty = BTreeSet::new();
+        for (key, value) in writes {
+            match value {
+                Some(v) => self.inputs.put(&program, key, v, rev, &mut changes),
+                None => self.inputs.delete(key, &mut changes),
+            }
+            if is_output_key(&program, key) {
+                match value {
+                    Some(v) => self.stored_outputs.insert(key.clone(), v.clone()),
+                    None => self.stored_outputs.remove(key),
+                };
+                dirty.insert(key.clone());
             }
         }
-        for k in self.store.keys() {
-            if is_output_key(k) && !self.outputs.resolved.contains_key(k) && !self.outputs.conflicts.contains_key(k) {
-                writes.push((k.clone(), None));
+        let diffs = self.engine.apply(rev, changes)?;
+        dirty.extend(self.outputs.apply(&program, &diffs));
+        Ok(dirty)
+    }
+
+    /// For the given keys, the writes that make the store equal the derived
+    /// outputs: puts for missing or different values, deletes for keys nothing
+    /// derives (a conflicted key is left as it is).
+    fn reconcile(&self, keys: &BTreeSet<String>) -> Vec<Write> {
+        let mut writes = Vec::new();
+        for k in keys {
+            let stored = self.stored_outputs.get(k);
+            match self.outputs.resolved.get(k) {
+                Some(v) if stored != Some(v) => writes.push((k.clone(), Some(v.clone()))),
+                None if stored.is_some() && !self.outputs.conflicts.contains_key(k) => writes.push((k.clone(), None)),
+                _ => {}
             }
         }
         writes
@@ -128,4 +129,8 @@ impl Session {
     pub fn conflicts(&self) -> impl Iterator<Item = &Conflict> {
         self.outputs.conflicts.values()
     }
+}
+
+fn is_output_key(program: &Program, key: &str) -> bool {
+    program.outputs().any(|(_, r)| r.pattern.as_ref().is_some_and(|p| p.match_key(key).is_some()))
 }

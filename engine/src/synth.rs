@@ -1,0 +1,85 @@
+//! A synthetic, converged cluster for benchmarks: nodes with capacity, labels
+//! and leases; services with intents, requests, a probe and config; instances
+//! placed within capacity, observed running and healthy.
+
+/// Sizes of the generated cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    pub nodes: usize,
+    pub services: usize,
+    pub instances: usize,
+    /// Zones nodes are spread over (label `zone`).
+    pub zones: usize,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params { nodes: 5_000, services: 1_000, instances: 150_000, zones: 3 }
+    }
+}
+
+pub const NODE_CPU: i64 = 64_000;
+pub const NODE_MEMORY: i64 = 131_072;
+
+pub fn node_name(n: usize) -> String {
+    format!("node-{n}")
+}
+pub fn service_name(s: usize) -> String {
+    format!("svc-{s}")
+}
+
+/// Instances per service (the first `instances % services` get one more).
+pub fn instances_of(p: &Params, s: usize) -> usize {
+    p.instances / p.services + usize::from(s < p.instances % p.services)
+}
+
+pub fn node_facts(n: usize, zones: usize) -> Vec<(String, String)> {
+    let k = |f: &str| format!("observed/node/{}/{f}", node_name(n));
+    vec![
+        (k("cpu"), NODE_CPU.to_string()),
+        (k("memory"), NODE_MEMORY.to_string()),
+        (k("address"), format!("10.{}.{}.{}", n / 65536, (n / 256) % 256, n % 256)),
+        (k("alive"), format!("{}", 7_000_000 + n)),
+        (k("label/zone"), format!("z{}", n % zones.max(1))),
+        (k("label/rack"), format!("r{}", n / 40)),
+    ]
+}
+
+/// Every fact of the converged cluster, as etcd would hold it.
+pub fn cluster(p: &Params) -> Vec<(String, String)> {
+    let mut f = Vec::new();
+    for n in 0..p.nodes {
+        f.extend(node_facts(n, p.zones));
+    }
+    let mut next_node = 0usize;
+    for s in 0..p.services {
+        let name = service_name(s);
+        let count = instances_of(p, s);
+        let d = |field: &str| format!("desired/service/{name}/{field}");
+        f.push((d("image"), "builtin:http".into()));
+        f.push((d("port"), "8080".into()));
+        f.push((d("cpu"), (500 + 100 * (s % 5)).to_string()));
+        f.push((d("memory"), (256 * (1 + s % 4)).to_string()));
+        f.push((format!("desired/probe/{name}/readiness/method"), "http:/healthz".into()));
+        f.push((format!("desired/config/{name}/LOG_LEVEL"), "info".into()));
+        f.push((format!("intent/user/service/{name}/instances"), count.to_string()));
+        f.push((format!("intent/autoscaler/service/{name}/instances"), (count / 2).to_string()));
+        for i in 0..count {
+            let inst = format!("{name}-{i}");
+            // Round-robin over nodes: at most ceil(instances/nodes) per node,
+            // far inside capacity.
+            let node = node_name(next_node % p.nodes);
+            next_node += 1;
+            let o = |field: &str| format!("observed/instance/{inst}/{field}");
+            f.push((format!("placement/instance/{inst}"), node.clone()));
+            f.push((o("service"), name.clone()));
+            f.push((o("node"), node));
+            f.push((o("state"), "running".into()));
+            f.push((o("image"), "builtin:http".into()));
+            f.push((o("ip"), "127.0.0.1".into()));
+            f.push((o("port"), (20_000 + i % 40_000).to_string()));
+            f.push((format!("observed/probe_state/{inst}/readiness"), "healthy".into()));
+        }
+    }
+    f
+}
