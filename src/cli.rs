@@ -24,6 +24,18 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
+    /// Run rule tests (`*.test` files; default `rules/tests/`).
+    Test {
+        /// Test files or directories.
+        paths: Vec<PathBuf>,
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
+        /// Run only cases whose name contains this text.
+        #[arg(long)]
+        run: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
     /// Evaluate the rules offline over a facts file; print every derived fact.
     Eval {
         /// Facts file: one `KEY = VALUE` a line.
@@ -51,6 +63,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check { paths, format } => check(paths, format),
         Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
+        Command::Test { paths, rules, run, format } => test(paths, &rules, run.as_deref(), format),
     };
     match result {
         Ok(code) => code,
@@ -132,4 +145,57 @@ fn eval(facts: &std::path::Path, rules: &std::path::Path, format: Format, worker
     }
     let clean = session.rejected().is_empty() && session.conflicts().next().is_none();
     Ok(if clean { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// `*.test` files under the given paths (default `<rules>/tests`), sorted.
+fn test_files(paths: Vec<PathBuf>, rules: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    let paths = if paths.is_empty() { vec![rules.join("tests")] } else { paths };
+    let mut out = Vec::new();
+    for p in paths {
+        let meta = std::fs::metadata(&p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        if meta.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(&p)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "test"))
+                .collect();
+            found.sort();
+            out.extend(found);
+        } else {
+            out.push(p);
+        }
+    }
+    anyhow::ensure!(!out.is_empty(), "no .test files found");
+    Ok(out)
+}
+
+fn test(paths: Vec<PathBuf>, rules: &std::path::Path, filter: Option<&str>, format: Format) -> anyhow::Result<ExitCode> {
+    use ccattler_engine::ruletest;
+    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let mut results = Vec::new();
+    for file in test_files(paths, rules)? {
+        let text = std::fs::read_to_string(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        let name = file.display().to_string();
+        for case in ruletest::parse(&name, &text)? {
+            if filter.is_some_and(|f| !case.name.contains(f)) {
+                continue;
+            }
+            results.push(ruletest::run(&program, &case));
+        }
+    }
+    let failed = results.iter().filter(|r| !r.passed()).count();
+    match format {
+        Format::Text => {
+            for r in &results {
+                if r.passed() {
+                    println!("ok   {}:{}: {}", r.file, r.line, r.name);
+                } else {
+                    print!("{}", ruletest::render(r));
+                }
+            }
+            println!("{} passed, {} failed", results.len() - failed, failed);
+        }
+        Format::Json => println!("{}", serde_json::json!({ "passed": results.len() - failed, "failed": failed, "cases": results })),
+    }
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

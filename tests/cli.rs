@@ -119,3 +119,36 @@ fn tempdir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[test]
+fn shipped_rule_tests_pass() {
+    let out = ccattler(&["test"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+}
+
+#[test]
+fn a_failing_rule_test_shows_the_difference_and_exits_1() {
+    let dir = tempdir("ruletest-fail");
+    let file = dir.join("bad.test");
+    std::fs::write(
+        &file,
+        "case wrong count\ngiven\n  intent/user/service/web/instances = 2\nexpect contains\n  effective/service/web/instances = 3\n  effective/instance/web-9/service = web\n",
+    )
+    .unwrap();
+    let out = ccattler(&["test", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("bad.test:4: wrong count"), "{stdout}");
+    assert!(stdout.contains("different  effective/service/web/instances: expected 3, got 2"), "{stdout}");
+    assert!(stdout.contains("missing    effective/instance/web-9/service = web"), "{stdout}");
+
+    let out = ccattler(&["test", "--format", "json", file.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["failed"], 1);
+    assert_eq!(v["cases"][0]["failures"][0]["line"], 4);
+
+    let out = ccattler(&["test", "--run", "no such case", file.to_str().unwrap()]);
+    assert!(text(&out.stdout).contains("0 passed, 0 failed"), "{}", text(&out.stdout));
+}

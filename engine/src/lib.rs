@@ -10,6 +10,7 @@ pub mod dataflow;
 pub mod factfile;
 pub mod facts;
 pub mod plan;
+pub mod ruletest;
 pub mod runtime;
 pub mod session;
 pub mod synth;
