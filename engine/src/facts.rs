@@ -43,13 +43,12 @@ pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, R
     Ok(out)
 }
 
-/// One stored fact: its value, the revision it was last written at, and the
-/// tuples it contributes.
+/// One stored fact: its value and the revision it was last written at. (Its
+/// tuples are not kept: decoding is deterministic, so a delete decodes again.)
 #[derive(Clone, Debug)]
 pub struct Fact {
     pub value: String,
     pub mod_revision: u64,
-    pub tuples: Vec<(RelId, Row)>,
 }
 
 /// The input side's view of the store: every key an input pattern matches.
@@ -63,14 +62,12 @@ impl InputFacts {
     /// Records `key = value` at `rev`; returns the tuple changes it causes.
     pub fn put(&mut self, program: &Program, key: &str, value: &str, rev: u64, out: &mut Vec<Change>) {
         let decoded = decode(program, key, value);
-        self.remove(key, out);
+        self.remove(program, key, out);
         match decoded {
             Ok(tuples) if tuples.is_empty() => {}
             Ok(tuples) => {
-                for (rel, row) in &tuples {
-                    out.push((*rel, row.clone(), 1));
-                }
-                self.facts.insert(key.to_string(), Fact { value: value.to_string(), mod_revision: rev, tuples });
+                out.extend(tuples.into_iter().map(|(rel, row)| (rel, row, 1)));
+                self.facts.insert(key.to_string(), Fact { value: value.to_string(), mod_revision: rev });
             }
             Err(r) => {
                 self.rejected.insert(r.key, r.reason);
@@ -78,17 +75,31 @@ impl InputFacts {
         }
     }
 
-    pub fn delete(&mut self, key: &str, out: &mut Vec<Change>) {
-        self.remove(key, out);
+    pub fn delete(&mut self, program: &Program, key: &str, out: &mut Vec<Change>) {
+        self.remove(program, key, out);
     }
 
-    fn remove(&mut self, key: &str, out: &mut Vec<Change>) {
+    fn remove(&mut self, program: &Program, key: &str, out: &mut Vec<Change>) {
         self.rejected.remove(key);
         if let Some(old) = self.facts.remove(key) {
-            for (rel, row) in old.tuples {
-                out.push((rel, row, -1));
-            }
+            // It decoded when it was stored, and decoding is deterministic.
+            let tuples = decode(program, key, &old.value).unwrap_or_default();
+            out.extend(tuples.into_iter().map(|(rel, row)| (rel, row, -1)));
         }
+    }
+
+    /// The current tuples of an input relation, decoded from the stored facts.
+    pub fn tuples(&self, program: &Program, rel: RelId) -> Vec<Row> {
+        let Some(pattern) = &program.relations[rel].pattern else { return Vec::new() };
+        let prefix = pattern.prefix();
+        self.facts
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter_map(|(k, f)| decode(program, k, &f.value).ok())
+            .flatten()
+            .filter(|(r, _)| *r == rel)
+            .map(|(_, row)| row)
+            .collect()
     }
 }
 

@@ -120,7 +120,8 @@ impl Engine {
         Ok(consolidate(all))
     }
 
-    /// The current tuples of any relation, sorted.
+    /// The current tuples of a derived relation, sorted. (Input relations are
+    /// not kept for queries: ask whoever feeds the engine, e.g. the session.)
     pub fn query(&self, rel: RelId) -> Result<Vec<Row>, EngineError> {
         let (tx, rx) = channel();
         for s in &self.senders {
@@ -181,7 +182,9 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
         }
         let mut traces = built.traces;
         for (rel, coll) in built.relations {
-            if traces.contains_key(&rel) {
+            // Inputs are not arranged for queries: whoever feeds the engine holds them.
+            let is_input = program.relations[rel].kind == ccattler_parser::ast::DeclKind::Input;
+            if traces.contains_key(&rel) || is_input {
                 coll.probe_with(&probe);
             } else {
                 let arranged = coll.arrange_by_self();

@@ -55,6 +55,17 @@ impl Session {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+    /// The current tuples of any relation, sorted: inputs from the stored
+    /// facts, derived relations from the engine.
+    pub fn query(&self, rel: ccattler_parser::program::RelId) -> Result<Vec<crate::Row>, SessionError> {
+        let program = self.engine.program();
+        if program.relations[rel].kind == ccattler_parser::ast::DeclKind::Input {
+            let mut rows = self.inputs.tuples(program, rel);
+            rows.sort_by(|a, b| crate::value::cmp_rows(a, b));
+            return Ok(rows);
+        }
+        Ok(self.engine.query(rel)?)
+    }
     pub fn revision(&self) -> u64 {
         self.rev
     }
@@ -88,7 +99,7 @@ impl Session {
         for (key, value) in writes {
             match value {
                 Some(v) => self.inputs.put(&program, key, v, rev, &mut changes),
-                None => self.inputs.delete(key, &mut changes),
+                None => self.inputs.delete(&program, key, &mut changes),
             }
             if is_output_key(&program, key) {
                 match value {
