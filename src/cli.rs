@@ -15,8 +15,78 @@ enum Format {
     Json,
 }
 
+/// How to reach etcd (shared by every command that talks to it).
+#[derive(clap::Args, Clone)]
+struct EtcdArgs {
+    /// etcd endpoint(s), comma-separated.
+    #[arg(long, env = "CCATTLER_ETCD", default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// etcd user (with --etcd-password) when auth is on.
+    #[arg(long, env = "CCATTLER_ETCD_USER")]
+    etcd_user: Option<String>,
+    #[arg(long, env = "CCATTLER_ETCD_PASSWORD", hide_env_values = true)]
+    etcd_password: Option<String>,
+}
+
+impl EtcdArgs {
+    fn config(&self) -> anyhow::Result<ccattler_bridge::etcd::EtcdConfig> {
+        let user = match (&self.etcd_user, &self.etcd_password) {
+            (Some(u), Some(p)) => Some((u.clone(), p.clone())),
+            (None, None) => None,
+            _ => anyhow::bail!("--etcd-user and --etcd-password go together"),
+        };
+        Ok(ccattler_bridge::etcd::EtcdConfig { endpoints: self.etcd.clone(), user })
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CCATTLER_LOG").unwrap_or_else(|_| "info".into());
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// The controller daemon: bridge + engine, leader election, /healthz /readyz /metrics.
+    Controller {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
+        /// Address for /healthz, /readyz and /metrics.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        listen: std::net::SocketAddr,
+        /// This controller's name in `status/leader` (default: host and pid).
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Operations per transaction (etcd's --max-txn-ops).
+        #[arg(long, default_value_t = 128)]
+        max_txn_ops: usize,
+        /// Leader lease TTL in seconds: a standby takes over within it.
+        #[arg(long, default_value_t = 10)]
+        leader_ttl: i64,
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
+    },
+    /// What the controller would write and delete right now; writes nothing.
+    Plan {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
+    },
     /// Parse and check rule files (default `rules/`); exit 1 with diagnostics.
     Check {
         /// Rule files or directories of `*.rules`.
@@ -62,6 +132,24 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Check { paths, format } => check(paths, format),
+        Command::Controller { etcd, rules, listen, id, workers, max_txn_ops, leader_ttl, log_format } => {
+            init_logging(log_format);
+            let id = id.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+            let cfg = ccattler_bridge::controller::ControllerConfig {
+                etcd: match etcd.config() {
+                    Ok(c) => c,
+                    Err(e) => return usage_error(e),
+                },
+                rules,
+                workers,
+                max_txn_ops,
+                leader_ttl,
+                id,
+                listen: Some(listen),
+            };
+            controller(cfg)
+        }
+        Command::Plan { etcd, rules } => plan(&etcd, &rules),
         Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
         Command::Test { paths, rules, run, format } => test(paths, &rules, run.as_deref(), format),
     };
@@ -198,4 +286,53 @@ fn test(paths: Vec<PathBuf>, rules: &std::path::Path, filter: Option<&str>, form
         Format::Json => println!("{}", serde_json::json!({ "passed": results.len() - failed, "failed": failed, "cases": results })),
     }
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn usage_error(e: anyhow::Error) -> ExitCode {
+    eprintln!("error: {e:#}");
+    ExitCode::from(2)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "controller".into())
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+fn controller(cfg: ccattler_bridge::controller::ControllerConfig) -> anyhow::Result<ExitCode> {
+    match runtime()?.block_on(ccattler_bridge::controller::run(cfg)) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e @ ccattler_bridge::controller::ControllerError::Rules { .. }) => {
+            eprintln!("{e}");
+            Ok(ExitCode::from(1))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn plan(etcd: &EtcdArgs, rules: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use ccattler_bridge::{etcd as e, Op, Reconciler};
+    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let cfg = etcd.config()?;
+    let (rev, snap) = runtime()?.block_on(async {
+        let mut client = e::connect(&cfg).await?;
+        e::snapshot(&mut client, &ccattler_bridge::controller::prefixes(&program), 5000).await
+    })?;
+    let mut r = Reconciler::new(program, 1)?;
+    r.rebase(rev as u64, snap)?;
+    let ops = r.full_plan();
+    println!("# plan against etcd revision {rev}: {} write(s)", ops.len());
+    for op in &ops {
+        match op {
+            Op::Create { key, value } => println!("+ {key} = {}", ccattler_engine::factfile::format_value(value)),
+            Op::Update { key, value, .. } => {
+                let old = r.held(key).map(|h| h.value.clone()).unwrap_or_default();
+                println!("~ {key} = {} (was {})", ccattler_engine::factfile::format_value(value), ccattler_engine::factfile::format_value(&old));
+            }
+            Op::Delete { key, .. } => println!("- {key}"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

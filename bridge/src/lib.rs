@@ -1,1 +1,14 @@
+//! CCattler's bridge: etcd in, the engine, the rules' outputs back to etcd.
+//!
+//! [`reconcile`] is the synchronous core (no I/O): what etcd holds, what the
+//! rules derive, the writes between them. [`controller`] is the daemon around
+//! it: snapshot and watch, fenced transactions, leadership; [`etcd`] the
+//! etcd calls; [`http`] and [`metrics`] what operators scrape.
 
+pub mod controller;
+pub mod etcd;
+pub mod http;
+pub mod metrics;
+pub mod reconcile;
+
+pub use reconcile::{Event, Held, Op, Reconciler};

@@ -133,8 +133,8 @@ pub fn encode(program: &Program, rel: RelId, row: &[Value]) -> Option<(String, S
 
 impl OutputFacts {
     /// Applies output tuple diffs (rows prefixed with their rule id, as
-    /// [`crate::Engine::apply`] returns them); returns the keys whose resolved
-    /// value changed.
+    /// [`crate::Engine::apply`] returns them); returns every key they touched
+    /// (its resolved value or its conflict may have changed).
     pub fn apply(&mut self, program: &Program, diffs: &[Change]) -> Vec<String> {
         let mut touched = Vec::new();
         for (rel, tagged, d) in diffs {
@@ -160,28 +160,23 @@ impl OutputFacts {
         }
         touched.sort();
         touched.dedup();
-        let mut changed = Vec::new();
-        for key in touched {
-            let before = self.resolved.get(&key).cloned();
-            match self.candidates.get(&key) {
+        for key in &touched {
+            match self.candidates.get(key) {
                 None => {
-                    self.resolved.remove(&key);
-                    self.conflicts.remove(&key);
+                    self.resolved.remove(key);
+                    self.conflicts.remove(key);
                 }
                 Some(c) if c.len() == 1 => {
                     let v = c.keys().next().expect("one candidate").clone();
                     self.resolved.insert(key.clone(), v);
-                    self.conflicts.remove(&key);
+                    self.conflicts.remove(key);
                 }
                 Some(c) => {
                     let values = c.iter().map(|(v, rules)| (v.clone(), rules.keys().map(|r| program.rule_location(*r)).collect())).collect();
                     self.conflicts.insert(key.clone(), Conflict { key: key.clone(), values });
                 }
             }
-            if self.resolved.get(&key) != before.as_ref() {
-                changed.push(key);
-            }
         }
-        changed
+        touched
     }
 }

@@ -1,0 +1,325 @@
+//! The controller daemon: snapshot at R, watch from R+1, every revision into
+//! the engine, and — while this controller leads — the difference written back
+//! in fenced compare-and-swap transactions. Standbys keep their engine warm.
+
+use crate::etcd::{self, EtcdConfig, Fence, Written};
+use crate::metrics::Metrics;
+use crate::reconcile::{Event, Reconciler};
+use ccattler_parser::program::Program;
+use etcd_client::{Client, Compare, CompareOp, EventType, LeaseKeeper, LeaseKeepAliveStream, PutOptions, Txn, TxnOp, WatchOptions};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info, warn};
+
+/// The key whose holder leads; created under the leader's lease.
+pub const LEADER_KEY: &str = "status/leader";
+
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    pub etcd: EtcdConfig,
+    pub rules: PathBuf,
+    pub workers: usize,
+    /// etcd's `--max-txn-ops`: operations per transaction list.
+    pub max_txn_ops: usize,
+    /// Leader lease TTL in seconds.
+    pub leader_ttl: i64,
+    /// This controller's name in `status/leader`.
+    pub id: String,
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("rules in {path}: {errors} error(s)\n{rendered}")]
+    Rules { path: String, errors: usize, rendered: String },
+    #[error(transparent)]
+    Load(#[from] ccattler_parser::LoadError),
+    #[error(transparent)]
+    Engine(#[from] ccattler_engine::EngineError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// State the HTTP endpoints read.
+pub struct Shared {
+    pub ready: AtomicBool,
+    pub metrics: Metrics,
+}
+
+/// Loads and checks the rules; errors carry the rendered diagnostics.
+pub fn load_rules(path: &PathBuf) -> Result<Arc<Program>, ControllerError> {
+    let checked = ccattler_parser::load(std::slice::from_ref(path))?;
+    match checked.program {
+        Some(p) if checked.errors() == 0 => Ok(Arc::new(p)),
+        _ => Err(ControllerError::Rules { path: path.display().to_string(), errors: checked.errors(), rendered: checked.render() }),
+    }
+}
+
+/// The key prefixes the controller reads: every pattern's literal prefix, and `status/`.
+pub fn prefixes(program: &Program) -> Vec<String> {
+    let mut all: Vec<String> = program.relations.iter().filter_map(|r| r.pattern.as_ref()).map(|p| p.prefix()).collect();
+    all.push("status/".into());
+    all.sort();
+    // Drop prefixes covered by a shorter one.
+    let mut out: Vec<String> = Vec::new();
+    for p in all {
+        if !out.iter().any(|q| p.starts_with(q.as_str())) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+struct Leadership {
+    lease: i64,
+    fence: Fence,
+    keeper: LeaseKeeper,
+    responses: LeaseKeepAliveStream,
+}
+
+/// Tries to become leader: creates the leader key under a new lease if absent.
+async fn campaign(client: &mut Client, id: &str, ttl: i64) -> Result<Option<Leadership>, etcd_client::Error> {
+    let lease = client.lease_grant(ttl, None).await?.id();
+    let txn = Txn::new()
+        .when([Compare::create_revision(LEADER_KEY, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(LEADER_KEY, id, Some(PutOptions::new().with_lease(lease)))]);
+    let resp = client.txn(txn).await?;
+    if !resp.succeeded() {
+        let _ = client.lease_revoke(lease).await;
+        return Ok(None);
+    }
+    let create_revision = resp.header().map_or(0, |h| h.revision());
+    let (keeper, responses) = client.lease_keep_alive(lease).await?;
+    Ok(Some(Leadership { lease, fence: Fence { key: LEADER_KEY.into(), create_revision }, keeper, responses }))
+}
+
+/// Renews the lease; false if it is gone (leadership lost).
+async fn keep_alive(l: &mut Leadership) -> bool {
+    if l.keeper.keep_alive().await.is_err() {
+        return false;
+    }
+    match tokio::time::timeout(Duration::from_secs(3), l.responses.message()).await {
+        Ok(Ok(Some(resp))) => resp.ttl() > 0,
+        _ => false,
+    }
+}
+
+/// Whether the leader key is still the one this controller created.
+async fn still_leader(client: &mut Client, fence: &Fence) -> bool {
+    match client.get(LEADER_KEY, None).await {
+        Ok(resp) => resp.kvs().first().is_some_and(|kv| kv.create_revision() == fence.create_revision),
+        Err(_) => false,
+    }
+}
+
+/// Runs until SIGTERM or SIGINT. Rules must check at start; later reloads
+/// (SIGHUP) that fail the checker are refused and the old rules keep running.
+pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
+    let mut program = load_rules(&cfg.rules)?;
+    let shared = Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new() });
+    if let Some(addr) = cfg.listen {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        info!(%addr, "serving /healthz, /readyz, /metrics");
+        tokio::spawn(crate::http::serve(listener, shared.clone()));
+    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut reconciler: Option<Reconciler> = None;
+    let mut backoff = Duration::from_millis(100);
+    let max_ops = cfg.max_txn_ops.max(2) - 1; // one op of each list is the fence / derived revision
+
+    'connect: loop {
+        shared.ready.store(false, Ordering::SeqCst);
+        shared.metrics.leader.set(0);
+        let mut client = match etcd::connect(&cfg.etcd).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "etcd unreachable; retrying in {backoff:?}");
+                if sleep_or_stop(backoff, &mut term, &mut int).await {
+                    return Ok(());
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        let t = Instant::now();
+        let (rev, snap) = match etcd::snapshot(&mut client, &prefixes(&program), 5000).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "snapshot failed; retrying in {backoff:?}");
+                if sleep_or_stop(backoff, &mut term, &mut int).await {
+                    return Ok(());
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        let keys = snap.len();
+        let r = match reconciler.as_mut() {
+            Some(r) => r,
+            None => reconciler.insert(Reconciler::new(program.clone(), cfg.workers)?),
+        };
+        tokio::task::block_in_place(|| r.rebase(rev as u64, snap))?;
+        info!(revision = rev, keys, seconds = t.elapsed().as_secs_f64(), "snapshot loaded");
+        shared.metrics.observe(r, rev as u64);
+        let watch_opts = WatchOptions::new().with_all_keys().with_start_revision(rev + 1).with_progress_notify();
+        let (_watcher, mut stream) = match client.watch("", Some(watch_opts)).await {
+            Ok(w) => w,
+            Err(e) => {
+                warn!(error = %e, "watch failed");
+                continue 'connect;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        shared.ready.store(true, Ordering::SeqCst);
+        let mut leader: Option<Leadership> = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
+        if leader.is_some() {
+            info!(id = %cfg.id, "leading");
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis((cfg.leader_ttl.max(1) as u64 * 1000) / 3));
+        // After a refused transaction: wait until the watch has reached this revision.
+        let mut wait_until: u64 = 0;
+        loop {
+            shared.metrics.leader.set(i64::from(leader.is_some()));
+            if let (Some(l), true) = (&leader, r.revision() >= wait_until) {
+                match write_back(&mut client, r, &l.fence, max_ops, &shared.metrics).await {
+                    Ok(None) => {}
+                    Ok(Some(at)) => {
+                        wait_until = at;
+                        if !still_leader(&mut client, &l.fence).await {
+                            warn!("lost leadership");
+                            leader = None;
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "write-back failed; reconnecting");
+                        continue 'connect;
+                    }
+                }
+            }
+            tokio::select! {
+                msg = stream.message() => match msg {
+                    Ok(Some(resp)) => {
+                        if resp.canceled() {
+                            warn!(compact_revision = resp.compact_revision(), reason = resp.cancel_reason(), "watch cancelled; taking a new snapshot");
+                            continue 'connect;
+                        }
+                        let head = resp.header().map_or(0, |h| h.revision()) as u64;
+                        let mut by_rev: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
+                        let mut leader_gone = false;
+                        for ev in resp.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            let Ok(key) = kv.key_str() else { continue };
+                            let value = match ev.event_type() {
+                                EventType::Put => etcd::held(kv).map(|(_, h)| h),
+                                EventType::Delete => None,
+                            };
+                            leader_gone |= key == LEADER_KEY && value.is_none();
+                            by_rev.entry(kv.mod_revision() as u64).or_default().push(Event { key: key.to_string(), value });
+                        }
+                        for (rev, events) in by_rev {
+                            if rev <= r.revision() {
+                                continue; // already in the snapshot
+                            }
+                            let t = Instant::now();
+                            tokio::task::block_in_place(|| r.apply(rev, &events))?;
+                            shared.metrics.evaluation.observe(t.elapsed().as_secs_f64());
+                        }
+                        shared.metrics.observe(r, head);
+                        if leader_gone && leader.is_none() {
+                            leader = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
+                            if leader.is_some() {
+                                info!(id = %cfg.id, "took over leadership");
+                                r.mark_all_dirty();
+                            }
+                        }
+                    }
+                    Ok(None) | Err(_) => {
+                        warn!("watch stream ended; reconnecting");
+                        continue 'connect;
+                    }
+                },
+                _ = tick.tick() => {
+                    match leader.as_mut() {
+                        Some(l) => if !keep_alive(l).await {
+                            warn!("leader lease lost");
+                            leader = None;
+                        },
+                        None => {
+                            leader = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
+                            if leader.is_some() {
+                                info!(id = %cfg.id, "took over leadership");
+                                r.mark_all_dirty();
+                            }
+                        }
+                    }
+                }
+                _ = term.recv() => return resign(&mut client, leader).await,
+                _ = int.recv() => return resign(&mut client, leader).await,
+                _ = hup.recv() => match load_rules(&cfg.rules) {
+                    Ok(p) => {
+                        info!("rules reloaded");
+                        program = p;
+                        reconciler = None;
+                        if let Some(l) = leader.take() {
+                            let _ = client.lease_revoke(l.lease).await;
+                        }
+                        continue 'connect;
+                    }
+                    Err(e) => error!("reload refused, the old rules keep running: {e}"),
+                },
+            }
+        }
+    }
+}
+
+/// Writes the planned difference in transactions of at most `max_ops` keys.
+/// Returns the etcd revision to wait for if a transaction was refused.
+async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_ops: usize, metrics: &Metrics) -> Result<Option<u64>, etcd_client::Error> {
+    let ops = r.plan();
+    if ops.is_empty() {
+        r.clean();
+        metrics.settled.set(r.revision() as i64);
+        return Ok(None);
+    }
+    for chunk in ops.chunks(max_ops) {
+        match etcd::write(client, fence, chunk, r.revision()).await? {
+            Written::Committed(rev) => {
+                r.written(chunk, rev);
+                metrics.txn(true, chunk.len());
+            }
+            Written::Refused(rev) => {
+                metrics.txn(false, 0);
+                warn!(revision = rev, "transaction refused (a key moved or leadership changed); will re-plan");
+                return Ok(Some(rev as u64));
+            }
+        }
+    }
+    Ok(None)
+}
+
+async fn resign(client: &mut Client, leader: Option<Leadership>) -> Result<(), ControllerError> {
+    if let Some(l) = leader {
+        match client.lease_revoke(l.lease).await {
+            Ok(_) => info!("resigned leadership"),
+            Err(e) => warn!(error = %e, "could not revoke the leader lease; it expires by itself"),
+        }
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// Sleeps; true if a stop signal came first.
+async fn sleep_or_stop(d: Duration, term: &mut tokio::signal::unix::Signal, int: &mut tokio::signal::unix::Signal) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = term.recv() => true,
+        _ = int.recv() => true,
+    }
+}

@@ -1,0 +1,114 @@
+//! etcd access the controller needs: connect, a paginated snapshot at one
+//! revision, and fenced write-back transactions.
+
+use crate::reconcile::{Held, Op, DERIVED_REVISION};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp};
+
+pub use etcd_client::Error as EtcdError;
+
+/// How to reach etcd.
+#[derive(Clone, Debug)]
+pub struct EtcdConfig {
+    pub endpoints: Vec<String>,
+    pub user: Option<(String, String)>,
+}
+
+pub async fn connect(cfg: &EtcdConfig) -> Result<Client, EtcdError> {
+    let mut opts = ConnectOptions::new().with_connect_timeout(std::time::Duration::from_secs(3));
+    if let Some((u, p)) = &cfg.user {
+        opts = opts.with_user(u.clone(), p.clone());
+    }
+    Client::connect(&cfg.endpoints, Some(opts)).await
+}
+
+pub fn held(kv: &KeyValue) -> Option<(String, Held)> {
+    let key = kv.key_str().ok()?.to_string();
+    let value = String::from_utf8_lossy(kv.value()).into_owned();
+    Some((key, Held { value, mod_revision: kv.mod_revision(), create_revision: kv.create_revision() }))
+}
+
+/// Every key under `prefixes` at one revision (the current one), paginated.
+pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Result<(i64, Vec<(String, Held)>), EtcdError> {
+    // Fix the revision with a cheap read first; every page reads at it.
+    let rev = client.get("status/derived_revision", None).await?.header().map_or(0, |h| h.revision());
+    let mut out = Vec::new();
+    for prefix in prefixes {
+        let end = prefix_end(prefix);
+        let mut start = prefix.clone().into_bytes();
+        loop {
+            let opts = GetOptions::new().with_range(end.clone()).with_revision(rev).with_limit(page);
+            let resp = client.get(start.clone(), Some(opts)).await?;
+            let kvs = resp.kvs();
+            out.extend(kvs.iter().filter_map(held));
+            if !resp.more() || kvs.is_empty() {
+                break;
+            }
+            start = kvs.last().map(|kv| kv.key().to_vec()).unwrap_or_default();
+            start.push(0);
+        }
+    }
+    Ok((rev, out))
+}
+
+/// The end of the range of keys starting with `prefix`.
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// The leadership a write is fenced by: the leader key as this controller created it.
+#[derive(Clone, Debug)]
+pub struct Fence {
+    pub key: String,
+    pub create_revision: i64,
+}
+
+/// The outcome of one transaction.
+pub enum Written {
+    /// Committed at this revision.
+    Committed(i64),
+    /// A compare failed (a key moved, or leadership was lost); etcd was at this revision.
+    Refused(i64),
+}
+
+/// Writes `ops` (at most max_txn_ops − 1 of them) in one transaction, fenced by
+/// leadership, with `status/derived_revision` = `derived`.
+pub async fn write(client: &mut Client, fence: &Fence, ops: &[Op], derived: u64) -> Result<Written, EtcdError> {
+    let mut compares = vec![Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)];
+    let mut then = Vec::new();
+    for op in ops {
+        match op {
+            Op::Create { key, value } => {
+                compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+                then.push(TxnOp::put(key.clone(), value.clone(), None));
+            }
+            Op::Update { key, value, mod_revision } => {
+                compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *mod_revision));
+                then.push(TxnOp::put(key.clone(), value.clone(), None));
+            }
+            Op::Delete { key, mod_revision } => {
+                compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *mod_revision));
+                then.push(TxnOp::delete(key.clone(), None));
+            }
+        }
+    }
+    then.push(TxnOp::put(DERIVED_REVISION, derived.to_string(), None));
+    let resp = client.txn(Txn::new().when(compares).and_then(then)).await?;
+    let rev = resp.header().map_or(0, |h| h.revision());
+    Ok(if resp.succeeded() { Written::Committed(rev) } else { Written::Refused(rev) })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn prefix_end_is_the_next_key_after_the_prefix() {
+        assert_eq!(super::prefix_end("a/"), b"a0".to_vec());
+        assert_eq!(super::prefix_end(""), vec![0]);
+    }
+}

@@ -1,0 +1,83 @@
+//! The controller's Prometheus metrics (prometheus-client).
+
+use crate::reconcile::Reconciler;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TxnLabels {
+    pub result: &'static str,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub facts: Gauge,
+    pub revision: Gauge,
+    pub watch_lag: Gauge,
+    pub evaluation: Histogram,
+    pub transactions: Family<TxnLabels, Counter>,
+    pub keys_written: Counter,
+    pub conflicts: Gauge,
+    pub rejected: Gauge,
+    pub leader: Gauge,
+    pub settled: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("ccattler");
+        let m = Metrics {
+            facts: Gauge::default(),
+            revision: Gauge::default(),
+            watch_lag: Gauge::default(),
+            evaluation: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            transactions: Family::default(),
+            keys_written: Counter::default(),
+            conflicts: Gauge::default(),
+            rejected: Gauge::default(),
+            leader: Gauge::default(),
+            settled: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("facts_held", "Input facts plus derived keys held", m.facts.clone());
+        registry.register("revision", "Last etcd revision applied to the engine", m.revision.clone());
+        registry.register("watch_lag_revisions", "etcd's revision minus the last applied one", m.watch_lag.clone());
+        registry.register("evaluation_seconds", "Time to apply one revision to the engine", m.evaluation.clone());
+        registry.register("transactions", "Write-back transactions by result", m.transactions.clone());
+        registry.register("keys_written", "Keys written or deleted by write-back", m.keys_written.clone());
+        registry.register("conflicts", "Output keys with more than one derived value", m.conflicts.clone());
+        registry.register("rejected_facts", "Input facts rejected (see status/rejected/)", m.rejected.clone());
+        registry.register("leader", "1 while this controller leads", m.leader.clone());
+        registry.register("settled_revision", "Last revision at which the leader found nothing to write", m.settled.clone());
+        Metrics { registry, ..m }
+    }
+
+    pub fn observe(&self, r: &Reconciler, etcd_revision: u64) {
+        self.facts.set(r.facts_held() as i64);
+        self.revision.set(r.revision() as i64);
+        self.watch_lag.set(etcd_revision.saturating_sub(r.revision()) as i64);
+        self.conflicts.set(r.outputs.conflicts.len() as i64);
+        self.rejected.set(r.inputs.rejected.len() as i64);
+    }
+
+    pub fn txn(&self, committed: bool, keys: usize) {
+        self.transactions.get_or_create(&TxnLabels { result: if committed { "committed" } else { "refused" } }).inc();
+        self.keys_written.inc_by(keys as u64);
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,309 @@
+//! The bridge's synchronous core: etcd's keys in, the engine in the middle,
+//! the writes that make etcd match the rules out. No I/O here; `controller`
+//! feeds it watch events and executes its plans.
+//!
+//! Level-triggered: a plan is the difference between what the rules derive
+//! and what etcd holds (as last seen), for the keys that may have changed. A
+//! restarted controller on a converged cluster plans nothing.
+
+use ccattler_engine::facts::{InputFacts, OutputFacts};
+use ccattler_engine::{Engine, EngineError};
+use ccattler_parser::program::Program;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Rejected input facts are recorded under this prefix (`status/rejected/<key>`).
+pub const REJECTED: &str = "status/rejected/";
+/// Conflicting output keys are recorded under this prefix.
+pub const CONFLICT: &str = "status/conflict/";
+/// The revision the outputs were last derived from; written with every write-back.
+pub const DERIVED_REVISION: &str = "status/derived_revision";
+
+/// A key as etcd holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub value: String,
+    pub mod_revision: i64,
+    pub create_revision: i64,
+}
+
+/// One change seen in etcd: a put (`Some`) or a delete (`None`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub key: String,
+    pub value: Option<Held>,
+}
+
+/// One write the rules want, guarded by what etcd held when it was planned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// The key must not exist (`create_revision == 0`): never overwrites.
+    Create { key: String, value: String },
+    /// The key must still be at `mod_revision`.
+    Update { key: String, value: String, mod_revision: i64 },
+    /// The key must still be at `mod_revision`.
+    Delete { key: String, mod_revision: i64 },
+}
+
+impl Op {
+    pub fn key(&self) -> &str {
+        match self {
+            Op::Create { key, .. } | Op::Update { key, .. } | Op::Delete { key, .. } => key,
+        }
+    }
+}
+
+pub struct Reconciler {
+    engine: Engine,
+    program: Arc<Program>,
+    pub inputs: InputFacts,
+    pub outputs: OutputFacts,
+    /// Output and status keys as etcd holds them.
+    held: BTreeMap<String, Held>,
+    /// Keys whose derived or held value may differ.
+    dirty: BTreeSet<String>,
+    revision: u64,
+}
+
+impl Reconciler {
+    pub fn new(program: Arc<Program>, workers: usize) -> Result<Reconciler, EngineError> {
+        Ok(Reconciler {
+            engine: Engine::start(program.clone(), workers)?,
+            program,
+            inputs: InputFacts::default(),
+            outputs: OutputFacts::default(),
+            held: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            revision: 0,
+        })
+    }
+
+    pub fn program(&self) -> &Arc<Program> {
+        &self.program
+    }
+
+    /// A managed key as etcd holds it (as last seen).
+    pub fn held(&self, key: &str) -> Option<&Held> {
+        self.held.get(key)
+    }
+
+    /// The last revision applied.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Input facts plus derived keys.
+    pub fn facts_held(&self) -> usize {
+        self.inputs.facts.len() + self.outputs.resolved.len()
+    }
+
+    pub fn is_output_key(&self, key: &str) -> bool {
+        self.program.outputs().any(|(_, r)| r.pattern.as_ref().is_some_and(|p| p.match_key(key).is_some()))
+    }
+
+    fn is_managed_key(&self, key: &str) -> bool {
+        key.starts_with(REJECTED) || key.starts_with(CONFLICT) || self.is_output_key(key)
+    }
+
+    /// Applies every change of one revision (revisions must increase).
+    pub fn apply(&mut self, rev: u64, events: &[Event]) -> Result<(), EngineError> {
+        let mut changes = Vec::new();
+        for e in events {
+            let was_rejected = self.inputs.rejected.contains_key(&e.key);
+            match &e.value {
+                Some(h) => self.inputs.put(&self.program, &e.key, &h.value, h.mod_revision as u64, &mut changes),
+                None => self.inputs.delete(&self.program, &e.key, &mut changes),
+            }
+            if was_rejected || self.inputs.rejected.contains_key(&e.key) {
+                self.dirty.insert(format!("{REJECTED}{}", e.key));
+            }
+            if self.is_managed_key(&e.key) {
+                match &e.value {
+                    Some(h) => self.held.insert(e.key.clone(), h.clone()),
+                    None => self.held.remove(&e.key),
+                };
+                self.dirty.insert(e.key.clone());
+            }
+        }
+        let diffs = self.engine.apply(rev, changes)?;
+        for key in self.outputs.apply(&self.program, &diffs) {
+            self.dirty.insert(format!("{CONFLICT}{key}"));
+            self.dirty.insert(key);
+        }
+        self.revision = rev;
+        Ok(())
+    }
+
+    /// Makes the state equal a fresh snapshot taken at `rev` (after a
+    /// compaction or a reconnect): applies exactly the differences, so
+    /// nothing that did not change is rewritten.
+    pub fn rebase(&mut self, rev: u64, snapshot: Vec<(String, Held)>) -> Result<(), EngineError> {
+        let mut events = Vec::new();
+        let snap: BTreeMap<String, Held> = snapshot.into_iter().collect();
+        let known: BTreeSet<&String> = self.inputs.facts.keys().chain(self.inputs.rejected.keys()).chain(self.held.keys()).collect();
+        for k in known {
+            if !snap.contains_key(k) {
+                events.push(Event { key: k.clone(), value: None });
+            }
+        }
+        for (k, h) in &snap {
+            let same_input = self.inputs.facts.get(k).is_some_and(|f| f.value == h.value && f.mod_revision == h.mod_revision as u64);
+            let same_held = self.held.get(k) == Some(h);
+            // Unknown keys are applied too: an input or a managed key enters,
+            // anything else is ignored by `apply`.
+            if !(same_input || same_held) {
+                events.push(Event { key: k.clone(), value: Some(h.clone()) });
+            }
+        }
+        let first = self.revision == 0;
+        self.apply(rev.max(self.revision + 1), &events)?;
+        if first {
+            self.mark_all_dirty();
+        }
+        Ok(())
+    }
+
+    /// Considers every key again (a fresh start, or after a failed write).
+    pub fn mark_all_dirty(&mut self) {
+        let derived: Vec<String> = self.outputs.resolved.keys().cloned().collect();
+        let held: Vec<String> = self.held.keys().cloned().collect();
+        let rejected: Vec<String> = self.inputs.rejected.keys().map(|k| format!("{REJECTED}{k}")).collect();
+        self.dirty.extend(derived.into_iter().chain(held).chain(rejected));
+    }
+
+    /// What a managed key should hold according to the rules.
+    pub fn desired(&self, key: &str) -> Option<String> {
+        if let Some(input_key) = key.strip_prefix(REJECTED) {
+            return self.inputs.rejected.get(input_key).cloned();
+        }
+        if let Some(output_key) = key.strip_prefix(CONFLICT) {
+            return self.outputs.conflicts.get(output_key).map(|c| {
+                let values: Vec<String> = c.values.iter().map(|(v, rules)| format!("{v:?} from {}", rules.join(", "))).collect();
+                values.join("; ")
+            });
+        }
+        self.outputs.resolved.get(key).cloned()
+    }
+
+    /// The writes that make etcd hold what the rules derive, for the dirty keys.
+    pub fn plan(&self) -> Vec<Op> {
+        self.plan_keys(self.dirty.iter())
+    }
+
+    /// The writes for every managed key (what `ccattler plan` shows).
+    pub fn full_plan(&self) -> Vec<Op> {
+        let mut keys: BTreeSet<String> = self.held.keys().cloned().collect();
+        keys.extend(self.outputs.resolved.keys().cloned());
+        keys.extend(self.inputs.rejected.keys().map(|k| format!("{REJECTED}{k}")));
+        keys.extend(self.outputs.conflicts.keys().map(|k| format!("{CONFLICT}{k}")));
+        self.plan_keys(keys.iter())
+    }
+
+    fn plan_keys<'a>(&self, keys: impl Iterator<Item = &'a String>) -> Vec<Op> {
+        let mut ops = Vec::new();
+        for key in keys {
+            let held = self.held.get(key);
+            // A conflicted output keeps whatever etcd holds.
+            let conflicted = self.outputs.conflicts.contains_key(key.as_str());
+            match (self.desired(key), held) {
+                (Some(v), None) => ops.push(Op::Create { key: key.clone(), value: v }),
+                (Some(v), Some(h)) if v != h.value => ops.push(Op::Update { key: key.clone(), value: v, mod_revision: h.mod_revision }),
+                (None, Some(h)) if !conflicted => ops.push(Op::Delete { key: key.clone(), mod_revision: h.mod_revision }),
+                _ => {}
+            }
+        }
+        ops
+    }
+
+    /// Records writes that committed at `rev` (before their watch events come
+    /// back), so they are not planned again.
+    pub fn written(&mut self, ops: &[Op], rev: i64) {
+        for op in ops {
+            match op {
+                Op::Create { key, value } => {
+                    self.held.insert(key.clone(), Held { value: value.clone(), mod_revision: rev, create_revision: rev });
+                }
+                Op::Update { key, value, .. } => {
+                    let create_revision = self.held.get(key).map_or(rev, |h| h.create_revision);
+                    self.held.insert(key.clone(), Held { value: value.clone(), mod_revision: rev, create_revision });
+                }
+                Op::Delete { key, .. } => {
+                    self.held.remove(key);
+                }
+            }
+            self.dirty.remove(op.key());
+        }
+    }
+
+    /// Drops dirty keys that need no write.
+    pub fn clean(&mut self) {
+        let pending: BTreeSet<String> = self.plan().into_iter().map(|op| op.key().to_string()).collect();
+        self.dirty = pending;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program() -> Arc<Program> {
+        let src = r#"
+            input intent(w: name, s: name, n: int) from "intent/{w}/service/{s}/instances"
+            output eff(s: name, n: int) to "effective/service/{s}/instances"
+            eff(s, max(n)) :- intent(_, s, n).
+        "#;
+        Arc::new(ccattler_parser::check_str("t.rules", src).program.expect("checks"))
+    }
+
+    fn put(key: &str, value: &str, rev: i64) -> Event {
+        Event { key: key.into(), value: Some(Held { value: value.into(), mod_revision: rev, create_revision: rev }) }
+    }
+
+    #[test]
+    fn plans_creates_updates_and_deletes_against_what_etcd_holds() {
+        let mut r = Reconciler::new(program(), 1).unwrap();
+        r.rebase(10, vec![("intent/user/service/web/instances".into(), Held { value: "3".into(), mod_revision: 5, create_revision: 5 })]).unwrap();
+        assert_eq!(r.plan(), vec![Op::Create { key: "effective/service/web/instances".into(), value: "3".into() }]);
+        r.written(&r.plan(), 11);
+        assert!(r.plan().is_empty());
+        // The write comes back through the watch: nothing more to do.
+        r.apply(11, &[put("effective/service/web/instances", "3", 11)]).unwrap();
+        assert!(r.plan().is_empty());
+        r.apply(12, &[put("intent/autoscaler/service/web/instances", "5", 12)]).unwrap();
+        assert_eq!(r.plan(), vec![Op::Update { key: "effective/service/web/instances".into(), value: "5".into(), mod_revision: 11 }]);
+        // Deleted by hand: created again.
+        r.written(&r.plan(), 13);
+        r.apply(14, &[Event { key: "effective/service/web/instances".into(), value: None }]).unwrap();
+        assert_eq!(r.plan(), vec![Op::Create { key: "effective/service/web/instances".into(), value: "5".into() }]);
+    }
+
+    #[test]
+    fn rejected_facts_are_recorded_and_removed_when_fixed() {
+        let mut r = Reconciler::new(program(), 1).unwrap();
+        r.rebase(3, vec![]).unwrap();
+        r.apply(4, &[put("intent/user/service/web/instances", "three", 4)]).unwrap();
+        let plan = r.plan();
+        assert_eq!(plan.len(), 1);
+        assert!(matches!(&plan[0], Op::Create { key, value } if key == "status/rejected/intent/user/service/web/instances" && value.contains("three")));
+        r.written(&plan, 5);
+        r.apply(6, &[put("intent/user/service/web/instances", "3", 6)]).unwrap();
+        let plan = r.plan();
+        assert!(plan.contains(&Op::Delete { key: "status/rejected/intent/user/service/web/instances".into(), mod_revision: 5 }));
+        assert!(plan.contains(&Op::Create { key: "effective/service/web/instances".into(), value: "3".into() }));
+    }
+
+    #[test]
+    fn a_converged_snapshot_plans_nothing() {
+        let mut r = Reconciler::new(program(), 1).unwrap();
+        r.rebase(
+            9,
+            vec![
+                ("intent/user/service/web/instances".into(), Held { value: "3".into(), mod_revision: 5, create_revision: 5 }),
+                ("effective/service/web/instances".into(), Held { value: "3".into(), mod_revision: 6, create_revision: 6 }),
+            ],
+        )
+        .unwrap();
+        assert!(r.plan().is_empty());
+        assert!(r.full_plan().is_empty());
+    }
+}

@@ -1,0 +1,300 @@
+//! The controller as operators run it: real `ccattler controller` processes
+//! against the real etcd that `scripts/test` starts (CCATTLER_ETCD). The tests
+//! share that etcd, so they run one at a time and start from an empty store.
+
+use etcd_client::{Client, DeleteOptions, GetOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn etcd_url() -> String {
+    std::env::var("CCATTLER_ETCD").expect("CCATTLER_ETCD is set by scripts/test; run the tests through it")
+}
+
+/// A client on an empty store.
+async fn fresh_etcd() -> Client {
+    let mut c = Client::connect([etcd_url()], None).await.expect("connect to etcd");
+    c.delete("\0", Some(DeleteOptions::new().with_from_key())).await.expect("wipe");
+    c
+}
+
+async fn get(c: &mut Client, key: &str) -> Option<String> {
+    let r = c.get(key, None).await.expect("get");
+    r.kvs().first().map(|kv| kv.value_str().unwrap().to_string())
+}
+
+async fn revision(c: &mut Client) -> i64 {
+    c.get("\0", None).await.expect("get").header().unwrap().revision()
+}
+
+async fn keys(c: &mut Client, prefix: &str) -> Vec<(String, String)> {
+    let r = c.get(prefix, Some(GetOptions::new().with_prefix())).await.expect("get");
+    r.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.value_str().unwrap().to_string())).collect()
+}
+
+/// Polls `cond` until it holds or the deadline passes.
+async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out after {within:?} waiting for: {what}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn shipped_rules() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")
+}
+
+/// A `ccattler controller` child process, killed on drop.
+struct Controller {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Controller {
+    fn start(id: &str, rules: &Path) -> Controller {
+        let port = free_port();
+        let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("controller-{id}-{port}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+            .args(["controller", "--rules", rules.to_str().unwrap(), "--id", id, "--leader-ttl", "2"])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--etcd", &etcd_url()])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start controller");
+        Controller { child, port, log }
+    }
+
+    /// A metric's value from /metrics, if the controller answers.
+    fn metric(&self, name: &str) -> Option<f64> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        body.lines().find_map(|l| l.strip_prefix(&format!("ccattler_{name} "))).and_then(|v| v.trim().parse().ok())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill {sig}");
+    }
+
+    /// SIGTERM and wait for the exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        self.signal("-TERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "controller did not stop on SIGTERM:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `c` leads and has found nothing to write at a revision ≥ `rev`.
+async fn settled(c: &Controller, etcd: &mut Client, within: Duration) {
+    let rev = revision(etcd).await as f64;
+    wait_for("the controller to lead and settle", within, || async {
+        c.metric("leader") == Some(1.0) && c.metric("settled_revision").is_some_and(|s| s >= rev)
+    })
+    .await;
+}
+
+const T: Duration = Duration::from_secs(15);
+
+#[tokio::test]
+async fn intent_converges_and_follows_changes() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    etcd.put("intent/user/service/web/instances", "3", None).await.unwrap();
+    let c = Controller::start("a", &shipped_rules());
+    etcd.put("intent/autoscaler/service/web/instances", "5", None).await.unwrap();
+    wait_for("effective 5", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("5") }
+    })
+    .await;
+    assert_eq!(keys(&mut etcd, "effective/instance/").await.len(), 5);
+    etcd.delete("intent/autoscaler/service/web/instances", None).await.unwrap();
+    wait_for("effective 3 once the autoscaler's intent is gone", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3") }
+    })
+    .await;
+    wait_for("scaled down to 3 instances", T, || {
+        let mut e = etcd.clone();
+        async move { keys(&mut e, "effective/instance/").await.len() == 3 }
+    })
+    .await;
+    let derived: i64 = get(&mut etcd, "status/derived_revision").await.unwrap().parse().unwrap();
+    assert!(derived > 0);
+    assert!(c.stop().success());
+}
+
+#[tokio::test]
+async fn restart_on_a_converged_cluster_writes_nothing_and_hand_deleted_keys_come_back() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    for (k, v) in [
+        ("intent/user/service/web/instances", "2"),
+        ("observed/node/node-1/cpu", "1000"),
+        ("observed/node/node-1/memory", "1000"),
+        ("observed/node/node-1/alive", "1"),
+    ] {
+        etcd.put(k, v, None).await.unwrap();
+    }
+    let c = Controller::start("first", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+    assert_eq!(get(&mut etcd, "placement/instance/web-1").await.as_deref(), Some("node-1"));
+    assert!(c.stop().success());
+    // Resigning deleted the leader key; nothing else may change from here on.
+    assert_eq!(get(&mut etcd, "status/leader").await, None);
+    let before = revision(&mut etcd).await;
+    let c = Controller::start("second", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+    let after = revision(&mut etcd).await;
+    assert_eq!(after, before + 1, "only the new leader key may be written: {:?}", keys(&mut etcd, "").await);
+
+    etcd.delete("placement/node/node-1/web-0", None).await.unwrap();
+    etcd.put("effective/service/web/instances", "99", None).await.unwrap();
+    wait_for("hand-changed keys restored", T, || {
+        let mut e = etcd.clone();
+        async move {
+            get(&mut e, "placement/node/node-1/web-0").await.as_deref() == Some("web")
+                && get(&mut e, "effective/service/web/instances").await.as_deref() == Some("2")
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_invalid_value_is_recorded_as_rejected_and_changes_nothing_else() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    etcd.put("intent/user/service/web/instances", "2", None).await.unwrap();
+    let c = Controller::start("a", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+    let before = keys(&mut etcd, "effective/").await;
+    etcd.put("intent/autoscaler/service/web/instances", "three", None).await.unwrap();
+    wait_for("status/rejected entry", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/rejected/intent/autoscaler/service/web/instances").await.is_some_and(|r| r.contains("three")) }
+    })
+    .await;
+    settled(&c, &mut etcd, T).await;
+    assert_eq!(keys(&mut etcd, "effective/").await, before);
+    assert_eq!(c.metric("rejected_facts"), Some(1.0));
+    etcd.put("intent/autoscaler/service/web/instances", "4", None).await.unwrap();
+    wait_for("rejection cleared and the fixed value used", T, || {
+        let mut e = etcd.clone();
+        async move {
+            get(&mut e, "status/rejected/intent/autoscaler/service/web/instances").await.is_none()
+                && get(&mut e, "effective/service/web/instances").await.as_deref() == Some("4")
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_controllers_one_writes_and_the_standby_takes_over_after_kill_9() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    etcd.put("intent/user/service/web/instances", "1", None).await.unwrap();
+    let a = Controller::start("a", &shipped_rules());
+    settled(&a, &mut etcd, T).await;
+    let b = Controller::start("b", &shipped_rules());
+    wait_for("the standby is ready", T, || async { b.metric("revision").is_some_and(|r| r > 0.0) }).await;
+    etcd.put("intent/user/service/web/instances", "2", None).await.unwrap();
+    settled(&a, &mut etcd, T).await;
+    assert_eq!(get(&mut etcd, "status/leader").await.as_deref(), Some("a"));
+    assert_eq!(b.metric("leader"), Some(0.0));
+    assert_eq!(b.metric("keys_written_total"), Some(0.0), "a standby writes nothing");
+    assert_eq!(keys(&mut etcd, "effective/instance/").await.len(), 2);
+
+    let mut a = a;
+    a.signal("-KILL");
+    let _ = a.child.wait();
+    let killed_at = Instant::now();
+    // The leader key expires with a's lease (TTL 2 s); b takes over.
+    wait_for("b leads", Duration::from_secs(10), || async { b.metric("leader") == Some(1.0) }).await;
+    let takeover = killed_at.elapsed();
+    assert!(takeover < Duration::from_secs(6), "took over after {takeover:?}");
+    assert_eq!(get(&mut etcd, "status/leader").await.as_deref(), Some("b"));
+    etcd.put("intent/user/service/web/instances", "4", None).await.unwrap();
+    wait_for("b writes the new state", T, || {
+        let mut e = etcd.clone();
+        async move { keys(&mut e, "effective/instance/").await.len() == 4 }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sighup_with_broken_rules_keeps_the_old_rules_and_good_rules_replace_them() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sighup-rules");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let intent = std::fs::read_to_string(shipped_rules().join("intent.rules")).unwrap();
+    std::fs::write(dir.join("intent.rules"), &intent).unwrap();
+    etcd.put("intent/user/service/web/instances", "2", None).await.unwrap();
+    let c = Controller::start("a", &dir);
+    settled(&c, &mut etcd, T).await;
+
+    std::fs::write(dir.join("broken.rules"), "output x(a: int) to \"x/{a}\"\nx(a) :- nothing(a).\n").unwrap();
+    c.signal("-HUP");
+    wait_for("the reload is refused", T, || async { c.log().contains("reload refused") }).await;
+    etcd.put("intent/user/service/web/instances", "3", None).await.unwrap();
+    wait_for("the old rules still run", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3") }
+    })
+    .await;
+
+    std::fs::write(
+        dir.join("broken.rules"),
+        "output doubled(s: name, n: int) to \"status/doubled/{s}\"\ndoubled(s, n * 2) :- effective_instances(s, n).\n",
+    )
+    .unwrap();
+    c.signal("-HUP");
+    wait_for("the new rules run without a restart", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/doubled/web").await.as_deref() == Some("6") }
+    })
+    .await;
+    assert!(c.log().contains("rules reloaded"));
+}
