@@ -298,3 +298,177 @@ async fn sighup_with_broken_rules_keeps_the_old_rules_and_good_rules_replace_the
     .await;
     assert!(c.log().contains("rules reloaded"));
 }
+
+/// Puts many facts quickly, in transactions of 100.
+async fn put_all(etcd: &mut Client, facts: &[(String, String)]) {
+    for chunk in facts.chunks(100) {
+        let ops: Vec<etcd_client::TxnOp> = chunk.iter().map(|(k, v)| etcd_client::TxnOp::put(k.as_str(), v.as_str(), None)).collect();
+        etcd.txn(etcd_client::Txn::new().and_then(ops)).await.expect("txn");
+    }
+}
+
+/// `n` nodes with room for everything, and `instances` instances of one service.
+fn cluster(nodes: usize, instances: usize) -> Vec<(String, String)> {
+    let mut f = Vec::new();
+    for n in 0..nodes {
+        for (k, v) in [("cpu", "100000"), ("memory", "100000"), ("alive", "1")] {
+            f.push((format!("observed/node/node-{n}/{k}"), v.to_string()));
+        }
+    }
+    f.push(("desired/service/web/cpu".into(), "10".into()));
+    f.push(("intent/user/service/web/instances".into(), instances.to_string()));
+    f
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_large_write_back_then_restart_converges_and_never_overwrites_a_placement() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let instances = 8000;
+    put_all(&mut etcd, &cluster(50, instances)).await;
+    let mut c = Controller::start("a", &shipped_rules());
+    wait_for("the write-back to be under way", Duration::from_secs(60), || {
+        let mut e = etcd.clone();
+        async move {
+            let n = e.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
+            n >= 500
+        }
+    })
+    .await;
+    c.signal("-KILL");
+    let _ = c.child.wait();
+    let partial = etcd.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
+    assert!((partial as usize) < instances, "killed too late to test anything ({partial} placements written)");
+
+    let c = Controller::start("b", &shipped_rules());
+    wait_for("every instance placed", Duration::from_secs(120), || {
+        let mut e = etcd.clone();
+        async move {
+            let n = e.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
+            n as usize == instances
+        }
+    })
+    .await;
+    settled(&c, &mut etcd, Duration::from_secs(60)).await;
+    let placements = etcd.get("placement/instance/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    for kv in placements.kvs() {
+        assert_eq!(kv.version(), 1, "{} was overwritten (version {})", kv.key_str().unwrap(), kv.version());
+    }
+    // The per-node view matches the placements exactly.
+    let per_node = etcd.get("placement/node/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
+    assert_eq!(per_node as usize, instances);
+}
+
+/// A private etcd for the one test that must stop and restart it (the shared
+/// one from scripts/test cannot be restarted under the other tests).
+struct PrivateEtcd {
+    child: Child,
+    dir: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+}
+
+impl PrivateEtcd {
+    fn start(dir: PathBuf, client_port: u16, peer_port: u16) -> PrivateEtcd {
+        let url = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let child = Command::new("etcd")
+            .args(["--name", "private", "--data-dir", dir.join("data").to_str().unwrap()])
+            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("private={peer}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
+            .spawn()
+            .expect("start etcd");
+        PrivateEtcd { child, dir, client_port, peer_port }
+    }
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+    async fn client(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = Client::connect([self.url()], None).await {
+                if c.get("x", None).await.is_ok() {
+                    return c;
+                }
+            }
+            assert!(Instant::now() < deadline, "private etcd did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    fn restart(mut self) -> PrivateEtcd {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (dir, c, p) = (self.dir.clone(), self.client_port, self.peer_port);
+        std::mem::forget(self);
+        PrivateEtcd::start(dir, c, p)
+    }
+}
+
+impl Drop for PrivateEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_restart_is_survived_without_losing_a_change() {
+    let _serial = serial();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("private-etcd");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let etcd = PrivateEtcd::start(dir, free_port(), free_port());
+    let mut client = etcd.client().await;
+    client.put("intent/user/service/web/instances", "1", None).await.unwrap();
+
+    let port = free_port();
+    let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join("controller-restart.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["controller", "--rules", shipped_rules().to_str().unwrap(), "--id", "r", "--leader-ttl", "2"])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--etcd", &etcd.url()])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let c = Controller { child, port, log };
+    wait_for("converged before the restart", T, || {
+        let mut e = client.clone();
+        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("1") }
+    })
+    .await;
+    assert_eq!(http_status(port, "/readyz"), Some(200));
+
+    let etcd = {
+        let mut etcd = etcd;
+        let _ = etcd.child.kill();
+        let _ = etcd.child.wait();
+        wait_for("/readyz to say not ready while etcd is down", T, || async { http_status(port, "/readyz") == Some(503) }).await;
+        assert_eq!(http_status(port, "/healthz"), Some(200), "the process itself is healthy");
+        etcd.restart()
+    };
+    let mut client = etcd.client().await;
+    // Written while the controller may still be reconnecting: it must not be lost.
+    client.put("intent/user/service/web/instances", "3", None).await.unwrap();
+    wait_for("the change made across the restart is applied", Duration::from_secs(30), || {
+        let mut e = client.clone();
+        async move {
+            get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3")
+                && keys(&mut e, "effective/instance/").await.len() == 3
+        }
+    })
+    .await;
+    assert_eq!(http_status(port, "/readyz"), Some(200));
+    assert!(c.stop().success());
+}

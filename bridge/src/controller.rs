@@ -98,6 +98,16 @@ async fn campaign(client: &mut Client, id: &str, ttl: i64) -> Result<Option<Lead
     Ok(Some(Leadership { lease, fence: Fence { key: LEADER_KEY.into(), create_revision }, keeper, responses }))
 }
 
+/// After a reconnect: keeps leading if the leader key is still ours.
+async fn resume(client: &mut Client, lease: i64, fence: Fence) -> Option<Leadership> {
+    if !still_leader(client, &fence).await {
+        return None;
+    }
+    let (keeper, responses) = client.lease_keep_alive(lease).await.ok()?;
+    let mut l = Leadership { lease, fence, keeper, responses };
+    keep_alive(&mut l).await.then_some(l)
+}
+
 /// Renews the lease; false if it is gone (leadership lost).
 async fn keep_alive(l: &mut Leadership) -> bool {
     if l.keeper.keep_alive().await.is_err() {
@@ -131,6 +141,8 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let mut reconciler: Option<Reconciler> = None;
+    // The lease and fence of the leadership held before a reconnect, if any.
+    let mut held_lease: Option<(i64, Fence)> = None;
     let mut backoff = Duration::from_millis(100);
     let max_ops = cfg.max_txn_ops.max(2) - 1; // one op of each list is the fence / derived revision
 
@@ -178,19 +190,33 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
         };
         backoff = Duration::from_millis(100);
         shared.ready.store(true, Ordering::SeqCst);
-        let mut leader: Option<Leadership> = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
+        let mut leader = match held_lease.take() {
+            Some((lease, fence)) => resume(&mut client, lease, fence).await,
+            None => None,
+        };
         if leader.is_some() {
-            info!(id = %cfg.id, "leading");
+            info!(id = %cfg.id, "still leading after reconnecting");
+        } else {
+            leader = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
+            if leader.is_some() {
+                info!(id = %cfg.id, "leading");
+            }
         }
         let mut tick = tokio::time::interval(Duration::from_millis((cfg.leader_ttl.max(1) as u64 * 1000) / 3));
         // After a refused transaction: wait until the watch has reached this revision.
         let mut wait_until: u64 = 0;
         loop {
+            held_lease = leader.as_ref().map(|l| (l.lease, l.fence.clone()));
             shared.metrics.leader.set(i64::from(leader.is_some()));
             if let (Some(l), true) = (&leader, r.revision() >= wait_until) {
                 match write_back(&mut client, r, &l.fence, max_ops, &shared.metrics).await {
-                    Ok(None) => {}
-                    Ok(Some(at)) => {
+                    Ok(WriteBack::Idle) => {}
+                    // Our own writes come back through the watch one revision at a
+                    // time; the states in between are partial (some placements
+                    // written, some not), so nothing is planned until the last one
+                    // is applied.
+                    Ok(WriteBack::Committed(at)) => wait_until = at,
+                    Ok(WriteBack::Refused(at)) => {
                         wait_until = at;
                         if !still_leader(&mut client, &l.fence).await {
                             warn!("lost leadership");
@@ -270,6 +296,7 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
                         if let Some(l) = leader.take() {
                             let _ = client.lease_revoke(l.lease).await;
                         }
+                        held_lease = None;
                         continue 'connect;
                     }
                     Err(e) => error!("reload refused, the old rules keep running: {e}"),
@@ -279,29 +306,38 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
     }
 }
 
+/// What a write-back pass did; the revisions say how far the watch must get
+/// before the next plan.
+enum WriteBack {
+    Idle,
+    Committed(u64),
+    Refused(u64),
+}
+
 /// Writes the planned difference in transactions of at most `max_ops` keys.
-/// Returns the etcd revision to wait for if a transaction was refused.
-async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_ops: usize, metrics: &Metrics) -> Result<Option<u64>, etcd_client::Error> {
+async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_ops: usize, metrics: &Metrics) -> Result<WriteBack, etcd_client::Error> {
     let ops = r.plan();
     if ops.is_empty() {
         r.clean();
         metrics.settled.set(r.revision() as i64);
-        return Ok(None);
+        return Ok(WriteBack::Idle);
     }
+    let mut last = 0;
     for chunk in ops.chunks(max_ops) {
         match etcd::write(client, fence, chunk, r.revision()).await? {
             Written::Committed(rev) => {
                 r.written(chunk, rev);
                 metrics.txn(true, chunk.len());
+                last = rev as u64;
             }
             Written::Refused(rev) => {
                 metrics.txn(false, 0);
                 warn!(revision = rev, "transaction refused (a key moved or leadership changed); will re-plan");
-                return Ok(Some(rev as u64));
+                return Ok(WriteBack::Refused(rev as u64));
             }
         }
     }
-    Ok(None)
+    Ok(WriteBack::Committed(last))
 }
 
 async fn resign(client: &mut Client, leader: Option<Leadership>) -> Result<(), ControllerError> {

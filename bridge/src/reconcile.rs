@@ -62,7 +62,12 @@ pub struct Reconciler {
     held: BTreeMap<String, Held>,
     /// Keys whose derived or held value may differ.
     dirty: BTreeSet<String>,
+    /// The etcd revision the state reflects.
     revision: u64,
+    /// The engine's logical time: the etcd revision, except that a resync onto
+    /// a snapshot no newer than the state gets the next time (engine times
+    /// must increase).
+    time: u64,
 }
 
 impl Reconciler {
@@ -75,6 +80,7 @@ impl Reconciler {
             held: BTreeMap::new(),
             dirty: BTreeSet::new(),
             revision: 0,
+            time: 0,
         })
     }
 
@@ -105,7 +111,7 @@ impl Reconciler {
         key.starts_with(REJECTED) || key.starts_with(CONFLICT) || self.is_output_key(key)
     }
 
-    /// Applies every change of one revision (revisions must increase).
+    /// Applies every change of one revision.
     pub fn apply(&mut self, rev: u64, events: &[Event]) -> Result<(), EngineError> {
         let mut changes = Vec::new();
         for e in events {
@@ -125,12 +131,13 @@ impl Reconciler {
                 self.dirty.insert(e.key.clone());
             }
         }
-        let diffs = self.engine.apply(rev, changes)?;
+        self.time = rev.max(self.time + 1);
+        let diffs = self.engine.apply(self.time, changes)?;
         for key in self.outputs.apply(&self.program, &diffs) {
             self.dirty.insert(format!("{CONFLICT}{key}"));
             self.dirty.insert(key);
         }
-        self.revision = rev;
+        self.revision = self.revision.max(rev);
         Ok(())
     }
 
@@ -155,8 +162,8 @@ impl Reconciler {
                 events.push(Event { key: k.clone(), value: Some(h.clone()) });
             }
         }
-        let first = self.revision == 0;
-        self.apply(rev.max(self.revision + 1), &events)?;
+        let first = self.time == 0;
+        self.apply(rev, &events)?;
         if first {
             self.mark_all_dirty();
         }
@@ -290,6 +297,18 @@ mod tests {
         let plan = r.plan();
         assert!(plan.contains(&Op::Delete { key: "status/rejected/intent/user/service/web/instances".into(), mod_revision: 5 }));
         assert!(plan.contains(&Op::Create { key: "effective/service/web/instances".into(), value: "3".into() }));
+    }
+
+    #[test]
+    fn a_resync_at_an_old_revision_does_not_skip_the_next_one() {
+        let mut r = Reconciler::new(program(), 1).unwrap();
+        r.rebase(4, vec![]).unwrap();
+        r.apply(5, &[put("intent/user/service/web/instances", "1", 5)]).unwrap();
+        // Reconnected: the snapshot is at 5 again (nothing new).
+        r.rebase(5, vec![("intent/user/service/web/instances".into(), Held { value: "1".into(), mod_revision: 5, create_revision: 5 })]).unwrap();
+        assert_eq!(r.revision(), 5, "revision 6 must still be applied from the watch");
+        r.apply(6, &[put("intent/user/service/web/instances", "3", 6)]).unwrap();
+        assert_eq!(r.desired("effective/service/web/instances").as_deref(), Some("3"));
     }
 
     #[test]
