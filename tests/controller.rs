@@ -472,3 +472,39 @@ async fn etcd_restart_is_survived_without_losing_a_change() {
     assert_eq!(http_status(port, "/readyz"), Some(200));
     assert!(c.stop().success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn compaction_while_the_watch_is_behind_resyncs_without_loss_or_rewrites() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    etcd.put("intent/user/service/web/instances", "2", None).await.unwrap();
+    let c = Controller::start("a", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+
+    // Freeze the controller, and push far more than its watch buffers hold.
+    c.signal("-STOP");
+    let big = "x".repeat(8 * 1024);
+    for i in 0..1500 {
+        etcd.put(format!("desired/config/other/K{i}"), big.as_str(), None).await.unwrap();
+    }
+    etcd.put("intent/user/service/web/instances", "3", None).await.unwrap();
+    let rev = revision(&mut etcd).await;
+    etcd.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();
+    c.signal("-CONT");
+
+    wait_for("the change made while frozen is applied", Duration::from_secs(60), || {
+        let mut e = etcd.clone();
+        async move { keys(&mut e, "effective/instance/").await.len() == 3 }
+    })
+    .await;
+    settled(&c, &mut etcd, Duration::from_secs(60)).await;
+    assert!(c.log().contains("watch cancelled"), "the watch was never cancelled, so no resync was tested:\n{}", c.log());
+    // Nothing that was right before was rewritten by the resync.
+    for key in ["effective/instance/web-0/service", "effective/instance/web-1/service", "placement/node/node-1/web-0"] {
+        if let Some(kv) = etcd.get(key, None).await.unwrap().kvs().first() {
+            assert_eq!(kv.version(), 1, "{key} rewritten");
+        }
+    }
+    let kv = etcd.get("effective/service/web/instances", None).await.unwrap();
+    assert_eq!(kv.kvs()[0].version(), 2, "written once for 2, once for 3");
+}

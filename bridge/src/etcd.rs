@@ -28,16 +28,26 @@ pub fn held(kv: &KeyValue) -> Option<(String, Held)> {
 }
 
 /// Every key under `prefixes` at one revision (the current one), paginated.
+/// Pages start at `page` keys and halve while a page is larger than a gRPC
+/// message may be (large values).
 pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Result<(i64, Vec<(String, Held)>), EtcdError> {
     // Fix the revision with a cheap read first; every page reads at it.
     let rev = client.get("status/derived_revision", None).await?.header().map_or(0, |h| h.revision());
     let mut out = Vec::new();
+    let mut page = page.max(1);
     for prefix in prefixes {
         let end = prefix_end(prefix);
         let mut start = prefix.clone().into_bytes();
         loop {
             let opts = GetOptions::new().with_range(end.clone()).with_revision(rev).with_limit(page);
-            let resp = client.get(start.clone(), Some(opts)).await?;
+            let resp = match client.get(start.clone(), Some(opts)).await {
+                Ok(r) => r,
+                Err(e) if page > 1 && is_too_large(&e) => {
+                    page /= 2;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let kvs = resp.kvs();
             out.extend(kvs.iter().filter_map(held));
             if !resp.more() || kvs.is_empty() {
@@ -48,6 +58,12 @@ pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Re
         }
     }
     Ok((rev, out))
+}
+
+/// Whether a response was over the gRPC message size limit.
+fn is_too_large(e: &EtcdError) -> bool {
+    let text = e.to_string();
+    text.contains("message length too large") || text.contains("ResourceExhausted")
 }
 
 /// The end of the range of keys starting with `prefix`.
