@@ -4,7 +4,7 @@
 
 use crate::etcd::{self, EtcdConfig, Fence, Written};
 use crate::metrics::Metrics;
-use crate::reconcile::{Event, Reconciler};
+use crate::reconcile::{Event, Op, Reconciler};
 use ccattler_parser::program::Program;
 use etcd_client::{Client, Compare, CompareOp, EventType, LeaseKeeper, LeaseKeepAliveStream, PutOptions, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeMap;
@@ -180,8 +180,18 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
         tokio::task::block_in_place(|| r.rebase(rev as u64, snap))?;
         info!(revision = rev, keys, seconds = t.elapsed().as_secs_f64(), "snapshot loaded");
         shared.metrics.observe(r, rev as u64);
+        // The watch gets a connection of its own: a backlog of watch data left
+        // unread while a transaction is awaited would otherwise use up the
+        // shared HTTP/2 connection window and stall that transaction's reply.
+        let mut watch_client = match etcd::connect(&cfg.etcd).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "watch connection failed");
+                continue 'connect;
+            }
+        };
         let watch_opts = WatchOptions::new().with_all_keys().with_start_revision(rev + 1).with_progress_notify();
-        let (_watcher, mut stream) = match client.watch("", Some(watch_opts)).await {
+        let (_watcher, mut stream) = match watch_client.watch("", Some(watch_opts)).await {
             Ok(w) => w,
             Err(e) => {
                 warn!(error = %e, "watch failed");
@@ -314,7 +324,12 @@ enum WriteBack {
     Refused(u64),
 }
 
-/// Writes the planned difference in transactions of at most `max_ops` keys.
+/// Transactions in flight at once during write-back.
+const IN_FLIGHT: usize = 8;
+
+/// Writes the planned difference in transactions of at most `max_ops` keys,
+/// several in flight. Each is fenced on its own and touches distinct keys, so
+/// their order does not matter; after a refusal no new one starts.
 async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_ops: usize, metrics: &Metrics) -> Result<WriteBack, etcd_client::Error> {
     let ops = r.plan();
     if ops.is_empty() {
@@ -322,22 +337,42 @@ async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_
         metrics.settled.set(r.revision() as i64);
         return Ok(WriteBack::Idle);
     }
-    let mut last = 0;
-    for chunk in ops.chunks(max_ops) {
-        match etcd::write(client, fence, chunk, r.revision()).await? {
-            Written::Committed(rev) => {
-                r.written(chunk, rev);
+    let derived = r.revision();
+    let mut chunks = ops.chunks(max_ops).map(<[Op]>::to_vec);
+    let mut running = tokio::task::JoinSet::new();
+    let (mut last, mut refused, mut failure) = (0u64, None::<u64>, None);
+    loop {
+        while refused.is_none() && failure.is_none() && running.len() < IN_FLIGHT {
+            let Some(chunk) = chunks.next() else { break };
+            let (mut c, f) = (client.clone(), fence.clone());
+            running.spawn(async move {
+                let result = etcd::write(&mut c, &f, &chunk, derived).await;
+                (chunk, result)
+            });
+        }
+        let Some(joined) = running.join_next().await else { break };
+        let (chunk, result) = joined.expect("write-back task does not panic");
+        match result {
+            Ok(Written::Committed(rev)) => {
+                r.written(&chunk, rev);
                 metrics.txn(true, chunk.len());
-                last = rev as u64;
+                last = last.max(rev as u64);
             }
-            Written::Refused(rev) => {
+            Ok(Written::Refused(rev)) => {
                 metrics.txn(false, 0);
                 warn!(revision = rev, "transaction refused (a key moved or leadership changed); will re-plan");
-                return Ok(WriteBack::Refused(rev as u64));
+                refused = Some(refused.unwrap_or(0).max(rev as u64));
             }
+            Err(e) => failure = Some(e),
         }
     }
-    Ok(WriteBack::Committed(last))
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok(match refused {
+        Some(rev) => WriteBack::Refused(rev.max(last)),
+        None => WriteBack::Committed(last),
+    })
 }
 
 async fn resign(client: &mut Client, leader: Option<Leadership>) -> Result<(), ControllerError> {
