@@ -75,6 +75,40 @@ pub fn prefixes(program: &Program) -> Vec<String> {
     out
 }
 
+/// Reads the watch in a task of its own and hands responses over a channel,
+/// so the loop can take everything already delivered in one go.
+struct WatchReader {
+    rx: tokio::sync::mpsc::Receiver<Result<etcd_client::WatchResponse, String>>,
+    task: tokio::task::JoinHandle<()>,
+    _watcher: etcd_client::Watcher,
+}
+
+impl WatchReader {
+    fn spawn(watcher: etcd_client::Watcher, mut stream: etcd_client::WatchStream) -> WatchReader {
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        let task = tokio::spawn(async move {
+            loop {
+                let msg = match stream.message().await {
+                    Ok(Some(resp)) => Ok(resp),
+                    Ok(None) => return, // the receiver sees the channel close
+                    Err(e) => Err(e.to_string()),
+                };
+                let stop = msg.is_err();
+                if tx.send(msg).await.is_err() || stop {
+                    return;
+                }
+            }
+        });
+        WatchReader { rx, task, _watcher: watcher }
+    }
+}
+
+impl Drop for WatchReader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 struct Leadership {
     lease: i64,
     fence: Fence,
@@ -130,6 +164,22 @@ async fn still_leader(client: &mut Client, fence: &Fence) -> bool {
 /// Runs until SIGTERM or SIGINT. Rules must check at start; later reloads
 /// (SIGHUP) that fail the checker are refused and the old rules keep running.
 pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        let _ = tx.send(true);
+    });
+    run_until(cfg, rx).await
+}
+
+/// Runs until `stop` turns true (then finishes the transaction in flight,
+/// resigns and returns).
+pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<(), ControllerError> {
     let mut program = load_rules(&cfg.rules)?;
     let shared = Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new() });
     if let Some(addr) = cfg.listen {
@@ -137,8 +187,6 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
         info!(%addr, "serving /healthz, /readyz, /metrics");
         tokio::spawn(crate::http::serve(listener, shared.clone()));
     }
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let mut reconciler: Option<Reconciler> = None;
     // The lease and fence of the leadership held before a reconnect, if any.
@@ -153,7 +201,7 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
             Ok(c) => c,
             Err(e) => {
                 warn!(error = %e, "etcd unreachable; retrying in {backoff:?}");
-                if sleep_or_stop(backoff, &mut term, &mut int).await {
+                if sleep_or_stop(backoff, &mut stop).await {
                     return Ok(());
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -165,7 +213,7 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
             Ok(s) => s,
             Err(e) => {
                 warn!(error = %e, "snapshot failed; retrying in {backoff:?}");
-                if sleep_or_stop(backoff, &mut term, &mut int).await {
+                if sleep_or_stop(backoff, &mut stop).await {
                     return Ok(());
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -191,13 +239,14 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
             }
         };
         let watch_opts = WatchOptions::new().with_all_keys().with_start_revision(rev + 1).with_progress_notify();
-        let (_watcher, mut stream) = match watch_client.watch("", Some(watch_opts)).await {
+        let (watcher, stream) = match watch_client.watch("", Some(watch_opts)).await {
             Ok(w) => w,
             Err(e) => {
                 warn!(error = %e, "watch failed");
                 continue 'connect;
             }
         };
+        let mut watch = WatchReader::spawn(watcher, stream);
         backoff = Duration::from_millis(100);
         shared.ready.store(true, Ordering::SeqCst);
         let mut leader = match held_lease.take() {
@@ -218,8 +267,9 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
         loop {
             held_lease = leader.as_ref().map(|l| (l.lease, l.fence.clone()));
             shared.metrics.leader.set(i64::from(leader.is_some()));
-            if let (Some(l), true) = (&leader, r.revision() >= wait_until) {
-                match write_back(&mut client, r, &l.fence, max_ops, &shared.metrics).await {
+            let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| r.revision() >= wait_until);
+            if let Some(fence) = fence {
+                match write_back(&mut client, r, &fence, max_ops, &shared.metrics).await {
                     Ok(WriteBack::Idle) => {}
                     // Our own writes come back through the watch one revision at a
                     // time; the states in between are partial (some placements
@@ -228,7 +278,7 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
                     Ok(WriteBack::Committed(at)) => wait_until = at,
                     Ok(WriteBack::Refused(at)) => {
                         wait_until = at;
-                        if !still_leader(&mut client, &l.fence).await {
+                        if !still_leader(&mut client, &fence).await {
                             warn!("lost leadership");
                             leader = None;
                         }
@@ -240,15 +290,33 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
                 }
             }
             tokio::select! {
-                msg = stream.message() => match msg {
-                    Ok(Some(resp)) => {
+                msg = watch.rx.recv() => {
+                    // Everything the watch has already delivered goes to the engine at once.
+                    let mut responses = vec![msg];
+                    while let Ok(more) = watch.rx.try_recv() {
+                        responses.push(Some(more));
+                    }
+                    let mut by_rev: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
+                    let mut head = 0;
+                    let mut leader_gone = false;
+                    let mut broken = None;
+                    for resp in responses {
+                        let resp = match resp {
+                            Some(Ok(resp)) => resp,
+                            Some(Err(e)) => {
+                                broken = Some(e);
+                                break;
+                            }
+                            None => {
+                                broken = Some("watch stream ended".to_string());
+                                break;
+                            }
+                        };
                         if resp.canceled() {
-                            warn!(compact_revision = resp.compact_revision(), reason = resp.cancel_reason(), "watch cancelled; taking a new snapshot");
-                            continue 'connect;
+                            broken = Some(format!("watch cancelled (compact revision {}, {})", resp.compact_revision(), resp.cancel_reason()));
+                            break;
                         }
-                        let head = resp.header().map_or(0, |h| h.revision()) as u64;
-                        let mut by_rev: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
-                        let mut leader_gone = false;
+                        head = head.max(resp.header().map_or(0, |h| h.revision()) as u64);
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
                             let Ok(key) = kv.key_str() else { continue };
@@ -259,28 +327,27 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
                             leader_gone |= key == LEADER_KEY && value.is_none();
                             by_rev.entry(kv.mod_revision() as u64).or_default().push(Event { key: key.to_string(), value });
                         }
-                        for (rev, events) in by_rev {
-                            if rev <= r.revision() {
-                                continue; // already in the snapshot
-                            }
-                            let t = Instant::now();
-                            tokio::task::block_in_place(|| r.apply(rev, &events))?;
-                            shared.metrics.evaluation.observe(t.elapsed().as_secs_f64());
-                        }
-                        shared.metrics.observe(r, head);
-                        if leader_gone && leader.is_none() {
-                            leader = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
-                            if leader.is_some() {
-                                info!(id = %cfg.id, "took over leadership");
-                                r.mark_all_dirty();
-                            }
-                        }
                     }
-                    Ok(None) | Err(_) => {
-                        warn!("watch stream ended; reconnecting");
+                    // Revisions already in the snapshot are skipped.
+                    let batch: Vec<(u64, Vec<Event>)> = by_rev.into_iter().filter(|(rev, _)| *rev > r.revision()).collect();
+                    if !batch.is_empty() {
+                        let t = Instant::now();
+                        tokio::task::block_in_place(|| r.apply_many(batch))?;
+                        shared.metrics.evaluation.observe(t.elapsed().as_secs_f64());
+                    }
+                    shared.metrics.observe(r, head.max(r.revision()));
+                    if let Some(why) = broken {
+                        warn!("{why}; taking a new snapshot");
                         continue 'connect;
                     }
-                },
+                    if leader_gone && leader.is_none() {
+                        leader = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
+                        if leader.is_some() {
+                            info!(id = %cfg.id, "took over leadership");
+                            r.mark_all_dirty();
+                        }
+                    }
+                }
                 _ = tick.tick() => {
                     match leader.as_mut() {
                         Some(l) => if !keep_alive(l).await {
@@ -296,8 +363,7 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
                         }
                     }
                 }
-                _ = term.recv() => return resign(&mut client, leader).await,
-                _ = int.recv() => return resign(&mut client, leader).await,
+                _ = stop.changed() => return resign(&mut client, leader).await,
                 _ = hup.recv() => match load_rules(&cfg.rules) {
                     Ok(p) => {
                         info!("rules reloaded");
@@ -386,11 +452,10 @@ async fn resign(client: &mut Client, leader: Option<Leadership>) -> Result<(), C
     Ok(())
 }
 
-/// Sleeps; true if a stop signal came first.
-async fn sleep_or_stop(d: Duration, term: &mut tokio::signal::unix::Signal, int: &mut tokio::signal::unix::Signal) -> bool {
+/// Sleeps; true if a stop came first.
+async fn sleep_or_stop(d: Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(d) => false,
-        _ = term.recv() => true,
-        _ = int.recv() => true,
+        _ = stop.changed() => true,
     }
 }

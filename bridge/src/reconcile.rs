@@ -113,6 +113,30 @@ impl Reconciler {
 
     /// Applies every change of one revision.
     pub fn apply(&mut self, rev: u64, events: &[Event]) -> Result<(), EngineError> {
+        self.apply_many(vec![(rev, events.to_vec())])
+    }
+
+    /// Applies several revisions (increasing) in one engine pass.
+    pub fn apply_many(&mut self, revisions: Vec<(u64, Vec<Event>)>) -> Result<(), EngineError> {
+        let mut batches = Vec::new();
+        let mut last = self.revision;
+        for (rev, events) in revisions {
+            let changes = self.record(&events);
+            self.time = rev.max(self.time + 1);
+            batches.push((self.time, changes));
+            last = last.max(rev);
+        }
+        let diffs = self.engine.apply_many(batches)?;
+        for key in self.outputs.apply(&self.program, &diffs) {
+            self.dirty.insert(format!("{CONFLICT}{key}"));
+            self.dirty.insert(key);
+        }
+        self.revision = last;
+        Ok(())
+    }
+
+    /// Records one revision's events; returns the tuple changes they cause.
+    fn record(&mut self, events: &[Event]) -> Vec<ccattler_engine::Change> {
         let mut changes = Vec::new();
         for e in events {
             let was_rejected = self.inputs.rejected.contains_key(&e.key);
@@ -131,14 +155,7 @@ impl Reconciler {
                 self.dirty.insert(e.key.clone());
             }
         }
-        self.time = rev.max(self.time + 1);
-        let diffs = self.engine.apply(self.time, changes)?;
-        for key in self.outputs.apply(&self.program, &diffs) {
-            self.dirty.insert(format!("{CONFLICT}{key}"));
-            self.dirty.insert(key);
-        }
-        self.revision = self.revision.max(rev);
-        Ok(())
+        changes
     }
 
     /// Makes the state equal a fresh snapshot taken at `rev` (after a

@@ -32,8 +32,9 @@ pub enum EngineError {
 }
 
 enum Cmd {
-    /// Enter `changes` at `rev` and run until every output is complete at `rev`.
-    Apply { rev: u64, changes: Vec<Change> },
+    /// Enter each batch of changes at its revision and run until every output
+    /// is complete at the last one.
+    Apply { batches: Vec<(u64, Vec<Change>)> },
     /// Read a relation's current tuples (each worker answers with its share).
     Query { rel: RelId, reply: Sender<Vec<Row>> },
 }
@@ -93,10 +94,23 @@ impl Engine {
     /// Each output row is prefixed with the id of the rule that derived it
     /// (`[rule, col…]`); a row two rules derive appears once per rule.
     pub fn apply(&mut self, rev: u64, changes: Vec<Change>) -> Result<Vec<Change>, EngineError> {
-        if rev <= self.last_rev {
-            return Err(EngineError::RevisionOrder { rev, last: self.last_rev });
+        self.apply_many(vec![(rev, changes)])
+    }
+
+    /// Like [`Engine::apply`] for several revisions at once (increasing): each
+    /// batch enters at its own revision, but the workers run once, so a burst
+    /// of revisions pays the per-revision cost of stepping the dataflow once.
+    /// Returns the output changes of all of them together.
+    pub fn apply_many(&mut self, batches: Vec<(u64, Vec<Change>)>) -> Result<Vec<Change>, EngineError> {
+        let Some(&(rev, _)) = batches.last() else { return Ok(Vec::new()) };
+        let mut prev = self.last_rev;
+        for (r, _) in &batches {
+            if *r <= prev {
+                return Err(EngineError::RevisionOrder { rev: *r, last: prev });
+            }
+            prev = *r;
         }
-        for (rel, row, _) in &changes {
+        for (rel, row, _) in batches.iter().flat_map(|(_, c)| c) {
             let r = self.program.relations.get(*rel).ok_or(EngineError::NotInput(*rel))?;
             if r.kind != ccattler_parser::ast::DeclKind::Input {
                 return Err(EngineError::NotInput(*rel));
@@ -105,10 +119,12 @@ impl Engine {
                 return Err(EngineError::Arity { relation: r.name.clone(), expected: r.arity(), found: row.len() });
             }
         }
-        let mut changes = Some(changes);
+        // Worker 0 feeds the inputs; the others only advance time.
+        let empty: Vec<(u64, Vec<Change>)> = batches.iter().map(|(r, _)| (*r, Vec::new())).collect();
+        let mut batches = Some(batches);
         for s in &self.senders {
-            let c = changes.take().unwrap_or_default();
-            s.send(Cmd::Apply { rev, changes: c }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
+            let b = batches.take().unwrap_or_else(|| empty.clone());
+            s.send(Cmd::Apply { batches: b }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
         }
         let mut all = Vec::new();
         for _ in 0..self.senders.len() {
@@ -199,10 +215,13 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
     }
     while let Ok(cmd) = rx.recv() {
         match cmd {
-            Cmd::Apply { rev, changes } => {
-                for (rel, row, d) in changes {
-                    if let Some(input) = inputs.get_mut(&rel) {
-                        input.update_at(row, rev, d);
+            Cmd::Apply { batches } => {
+                let Some(&(rev, _)) = batches.last() else { continue };
+                for (at, changes) in batches {
+                    for (rel, row, d) in changes {
+                        if let Some(input) = inputs.get_mut(&rel) {
+                            input.update_at(row, at, d);
+                        }
                     }
                 }
                 unit_input.advance_to(rev + 1);
