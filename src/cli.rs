@@ -26,6 +26,14 @@ struct EtcdArgs {
     etcd_user: Option<String>,
     #[arg(long, env = "CCATTLER_ETCD_PASSWORD", hide_env_values = true)]
     etcd_password: Option<String>,
+    /// PEM file of the CA that signed etcd's certificate (for https:// endpoints).
+    #[arg(long, env = "CCATTLER_ETCD_CA")]
+    etcd_ca: Option<PathBuf>,
+    /// PEM client certificate (with --etcd-key) when etcd asks for one.
+    #[arg(long, env = "CCATTLER_ETCD_CERT")]
+    etcd_cert: Option<PathBuf>,
+    #[arg(long, env = "CCATTLER_ETCD_KEY")]
+    etcd_key: Option<PathBuf>,
 }
 
 impl EtcdArgs {
@@ -35,7 +43,18 @@ impl EtcdArgs {
             (None, None) => None,
             _ => anyhow::bail!("--etcd-user and --etcd-password go together"),
         };
-        Ok(ccattler_bridge::etcd::EtcdConfig { endpoints: self.etcd.clone(), user })
+        if self.etcd_cert.is_some() != self.etcd_key.is_some() {
+            anyhow::bail!("--etcd-cert and --etcd-key go together");
+        }
+        let tls = (self.etcd_ca.is_some() || self.etcd_cert.is_some()).then(|| ccattler_bridge::etcd::TlsFiles {
+            ca: self.etcd_ca.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+        });
+        if let Some(t) = &tls {
+            t.options()?; // a missing or unreadable file is named now, not at connect time
+        }
+        Ok(ccattler_bridge::etcd::EtcdConfig { endpoints: self.etcd.clone(), user, tls })
     }
 }
 

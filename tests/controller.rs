@@ -508,3 +508,107 @@ async fn compaction_while_the_watch_is_behind_resyncs_without_loss_or_rewrites()
     let kv = etcd.get("effective/service/web/instances", None).await.unwrap();
     assert_eq!(kv.kvs()[0].version(), 2, "written once for 2, once for 3");
 }
+
+fn ccattler(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ccattler")).args(args).output().expect("run ccattler")
+}
+
+#[tokio::test]
+async fn plan_shows_the_difference_and_writes_nothing() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    etcd.put("intent/user/service/web/instances", "2", None).await.unwrap();
+    etcd.put("effective/service/web/instances", "7", None).await.unwrap();
+    etcd.put("endpoint/service/gone/gone-0", "127.0.0.1:1", None).await.unwrap();
+    let before = revision(&mut etcd).await;
+    let rules = shipped_rules();
+    let out = ccattler(&["plan", "--etcd", &etcd_url(), "--rules", rules.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("~ effective/service/web/instances = 2 (was 7)"), "{stdout}");
+    assert!(stdout.contains("+ effective/instance/web-1/service = web"), "{stdout}");
+    assert!(stdout.contains("- endpoint/service/gone/gone-0"), "{stdout}");
+    assert_eq!(revision(&mut etcd).await, before, "plan wrote something");
+}
+
+#[tokio::test]
+async fn a_conflict_is_recorded_and_the_key_keeps_its_value() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conflict-rules");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("c.rules"),
+        "input v(s: name, n: int) from \"v/{s}\"\ninput bump(s: name) from \"bump/{s}\"\n\
+         output o(s: name, n: int) to \"o/{s}\"\n\
+         // the value itself\no(s, n) :- v(s, n).\n// one more, only while bumped: a conflict\no(s, m) :- v(s, n), bump(s), m = n + 1.\n",
+    )
+    .unwrap();
+    etcd.put("v/web", "1", None).await.unwrap();
+    let c = Controller::start("a", &dir);
+    settled(&c, &mut etcd, T).await;
+    assert_eq!(get(&mut etcd, "o/web").await.as_deref(), Some("1"));
+    etcd.put("bump/web", "", None).await.unwrap();
+    wait_for("the conflict is recorded", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/conflict/o/web").await.is_some_and(|v| v.contains("\"1\"") && v.contains("\"2\"") && v.contains("c.rules:5") && v.contains("c.rules:7")) }
+    })
+    .await;
+    settled(&c, &mut etcd, T).await;
+    assert_eq!(get(&mut etcd, "o/web").await.as_deref(), Some("1"), "a conflicted key keeps its previous value");
+    assert_eq!(c.metric("conflicts"), Some(1.0));
+    etcd.delete("bump/web", None).await.unwrap();
+    wait_for("the conflict is cleared", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/conflict/o/web").await.is_none() }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_with_a_ca_file() {
+    let _serial = serial();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tls-etcd");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sh = |script: &str| {
+        let out = Command::new("sh").arg("-c").arg(script).current_dir(&dir).output().unwrap();
+        assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=ccattler-test-ca");
+    sh("openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1");
+    sh("printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile san.ext");
+    let (cport, pport) = (free_port(), free_port());
+    let url = format!("https://127.0.0.1:{cport}");
+    let peer = format!("http://127.0.0.1:{pport}");
+    let child = Command::new("etcd")
+        .args(["--name", "tls", "--data-dir", dir.join("data").to_str().unwrap()])
+        .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+        .args(["--cert-file", dir.join("server.pem").to_str().unwrap(), "--key-file", dir.join("server.key").to_str().unwrap()])
+        .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer, "--initial-cluster", &format!("tls={peer}")])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _etcd = PrivateEtcd { child, dir: dir.clone(), client_port: cport, peer_port: pport };
+    let ca = dir.join("ca.pem");
+    let rules = shipped_rules();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let out = ccattler(&["plan", "--etcd", &url, "--etcd-ca", ca.to_str().unwrap(), "--rules", rules.to_str().unwrap()]);
+        if out.status.success() {
+            assert!(String::from_utf8_lossy(&out.stdout).contains("# plan against etcd revision"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "plan over TLS failed: {}", String::from_utf8_lossy(&out.stderr));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Without the CA the server's certificate is not trusted.
+    let out = ccattler(&["plan", "--etcd", &url, "--rules", rules.to_str().unwrap()]);
+    assert!(!out.status.success());
+    // A missing CA file is named.
+    let out = ccattler(&["plan", "--etcd", &url, "--etcd-ca", "/no/such/ca.pem"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/ca.pem"));
+}

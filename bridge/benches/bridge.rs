@@ -82,7 +82,7 @@ fn main() {
         .expect("start etcd (is it installed?)");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let cfg = EtcdConfig { endpoints: vec![url.clone()], user: None };
+        let cfg = EtcdConfig { endpoints: vec![url.clone()], ..EtcdConfig::default() };
         let mut client = loop {
             if let Ok(mut c) = e::connect(&cfg).await {
                 if c.get("x", None).await.is_ok() {

@@ -262,22 +262,29 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             }
         }
         let mut tick = tokio::time::interval(Duration::from_millis((cfg.leader_ttl.max(1) as u64 * 1000) / 3));
-        // After a refused transaction: wait until the watch has reached this revision.
+        // After a refused transaction: wait until the watch has reached this
+        // revision, and back off (50 ms doubling to 2 s) while refusals repeat.
         let mut wait_until: u64 = 0;
+        let mut refusals: u32 = 0;
         loop {
             held_lease = leader.as_ref().map(|l| (l.lease, l.fence.clone()));
             shared.metrics.leader.set(i64::from(leader.is_some()));
             let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| r.revision() >= wait_until);
             if let Some(fence) = fence {
                 match write_back(&mut client, r, &fence, max_ops, &shared.metrics).await {
-                    Ok(WriteBack::Idle) => {}
+                    Ok(WriteBack::Idle) => refusals = 0,
                     // Our own writes come back through the watch one revision at a
                     // time; the states in between are partial (some placements
                     // written, some not), so nothing is planned until the last one
                     // is applied.
-                    Ok(WriteBack::Committed(at)) => wait_until = at,
+                    Ok(WriteBack::Committed(at)) => {
+                        wait_until = at;
+                        refusals = 0;
+                    }
                     Ok(WriteBack::Refused(at)) => {
                         wait_until = at;
+                        refusals += 1;
+                        tokio::time::sleep(Duration::from_millis(50 << refusals.min(6)).min(Duration::from_secs(2))).await;
                         if !still_leader(&mut client, &fence).await {
                             warn!("lost leadership");
                             leader = None;

@@ -7,16 +7,54 @@ use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyVal
 pub use etcd_client::Error as EtcdError;
 
 /// How to reach etcd.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct EtcdConfig {
     pub endpoints: Vec<String>,
     pub user: Option<(String, String)>,
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for TLS: the CA that signed etcd's certificate, and optionally a
+/// client certificate and key.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    pub ca: Option<std::path::PathBuf>,
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+}
+
+/// A TLS file that cannot be read (named).
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {source}")]
+pub struct TlsFileError {
+    pub path: std::path::PathBuf,
+    pub source: std::io::Error,
+}
+
+impl TlsFiles {
+    pub fn options(&self) -> Result<etcd_client::TlsOptions, TlsFileError> {
+        let read = |p: &std::path::PathBuf| std::fs::read(p).map_err(|source| TlsFileError { path: p.clone(), source });
+        let mut tls = etcd_client::TlsOptions::new();
+        if let Some(ca) = &self.ca {
+            tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+        }
+        Ok(tls)
+    }
 }
 
 pub async fn connect(cfg: &EtcdConfig) -> Result<Client, EtcdError> {
     let mut opts = ConnectOptions::new().with_connect_timeout(std::time::Duration::from_secs(3));
     if let Some((u, p)) = &cfg.user {
         opts = opts.with_user(u.clone(), p.clone());
+    }
+    if let Some(files) = &cfg.tls {
+        // Files were read once already when the configuration was checked.
+        if let Ok(tls) = files.options() {
+            opts = opts.with_tls(tls);
+        }
     }
     Client::connect(&cfg.endpoints, Some(opts)).await
 }
