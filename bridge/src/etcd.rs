@@ -66,8 +66,11 @@ pub fn held(kv: &KeyValue) -> Option<(String, Held)> {
 }
 
 /// Every key under `prefixes` at one revision (the current one), paginated.
-/// Pages start at `page` keys and halve while a page is larger than a gRPC
-/// message may be (large values).
+///
+/// etcd 3.4 walks the rest of the range for every limited read, so many small
+/// pages cost O(keys²): after the first page (at most `page` keys), pages are
+/// sized from the bytes per key seen so far to about 3 MiB, under the 4 MiB
+/// gRPC message limit, and halve if one is still too large.
 pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Result<(i64, Vec<(String, Held)>), EtcdError> {
     // Fix the revision with a cheap read first; every page reads at it.
     let rev = client.get("status/derived_revision", None).await?.header().map_or(0, |h| h.revision());
@@ -87,6 +90,11 @@ pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Re
                 Err(e) => return Err(e),
             };
             let kvs = resp.kvs();
+            let bytes: usize = kvs.iter().map(|kv| kv.key().len() + kv.value().len() + 32).sum();
+            if !kvs.is_empty() {
+                let per_key = (bytes / kvs.len()).max(1);
+                page = ((3 << 20) / per_key).max(1) as i64;
+            }
             out.extend(kvs.iter().filter_map(held));
             if !resp.more() || kvs.is_empty() {
                 break;
