@@ -197,22 +197,15 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     'connect: loop {
         shared.ready.store(false, Ordering::SeqCst);
         shared.metrics.leader.set(0);
-        let mut client = match etcd::connect(&cfg.etcd).await {
+        let t = Instant::now();
+        let connected = match etcd::connect(&cfg.etcd).await {
+            Ok(mut client) => etcd::snapshot(&mut client, &prefixes(&program), 5000).await.map(|s| (client, s)),
+            Err(e) => Err(e),
+        };
+        let (mut client, (rev, snap)) = match connected {
             Ok(c) => c,
             Err(e) => {
-                warn!(error = %e, "etcd unreachable; retrying in {backoff:?}");
-                if sleep_or_stop(backoff, &mut stop).await {
-                    return Ok(());
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        let t = Instant::now();
-        let (rev, snap) = match etcd::snapshot(&mut client, &prefixes(&program), 5000).await {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "snapshot failed; retrying in {backoff:?}");
+                warn!(error = %e, "etcd unreachable or snapshot failed; retrying in {backoff:?}");
                 if sleep_or_stop(backoff, &mut stop).await {
                     return Ok(());
                 }
