@@ -99,6 +99,23 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
     },
+    /// Write a facts file as the user: only keys under `desired/` and `intent/user/`.
+    Apply {
+        /// Facts file: one `KEY = VALUE` a line.
+        file: PathBuf,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// Read facts under a prefix, sorted.
+    Get {
+        /// Key prefix (e.g. `effective/service/web/`); empty for everything.
+        #[arg(default_value = "")]
+        prefix: String,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
     /// What the controller would write and delete right now; writes nothing.
     Plan {
         #[command(flatten)]
@@ -169,6 +186,8 @@ pub fn main() -> ExitCode {
             controller(cfg)
         }
         Command::Plan { etcd, rules } => plan(&etcd, &rules),
+        Command::Apply { file, etcd } => apply(&file, &etcd),
+        Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
         Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
         Command::Test { paths, rules, run, format } => test(paths, &rules, run.as_deref(), format),
     };
@@ -351,6 +370,64 @@ fn plan(etcd: &EtcdArgs, rules: &std::path::Path) -> anyhow::Result<ExitCode> {
                 println!("~ {key} = {} (was {})", ccattler_engine::factfile::format_value(value), ccattler_engine::factfile::format_value(&old));
             }
             Op::Delete { key, .. } => println!("- {key}"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prefixes a user may write with `apply` (DESIGN §6).
+const USER_PREFIXES: [&str; 2] = ["desired/", "intent/user/"];
+
+fn apply(file: &std::path::Path, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
+    let facts = read_facts(file)?;
+    // Everything is checked before anything is written.
+    let refused: Vec<String> = facts
+        .iter()
+        .filter(|f| !USER_PREFIXES.iter().any(|p| f.key.starts_with(p)))
+        .map(|f| format!("{}:{}: {} is not under desired/ or intent/user/", file.display(), f.line, f.key))
+        .collect();
+    if !refused.is_empty() {
+        for r in &refused {
+            eprintln!("error: {r}");
+        }
+        eprintln!("nothing written: users may write only desired/ and intent/user/");
+        return Ok(ExitCode::from(1));
+    }
+    let cfg = etcd.config()?;
+    let revision = runtime()?.block_on(async {
+        let mut client = ccattler_bridge::etcd::connect(&cfg).await?;
+        let mut last = 0;
+        // 128 keys a transaction (etcd's default --max-txn-ops).
+        for chunk in facts.chunks(128) {
+            let ops: Vec<etcd_client::TxnOp> = chunk.iter().map(|f| etcd_client::TxnOp::put(f.key.as_str(), f.value.as_str(), None)).collect();
+            let resp = client.txn(etcd_client::Txn::new().and_then(ops)).await?;
+            last = resp.header().map_or(0, |h| h.revision());
+        }
+        anyhow::Ok(last)
+    })?;
+    println!("applied {} fact(s) from {} at revision {revision}", facts.len(), file.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn get(prefix: &str, etcd: &EtcdArgs, format: Format) -> anyhow::Result<ExitCode> {
+    let cfg = etcd.config()?;
+    let (rev, kvs) = runtime()?.block_on(async {
+        let mut client = ccattler_bridge::etcd::connect(&cfg).await?;
+        let prefixes = [prefix.to_string()];
+        anyhow::Ok(ccattler_bridge::etcd::snapshot(&mut client, &prefixes, 10_000).await?)
+    })?;
+    match format {
+        Format::Text => {
+            for (k, h) in &kvs {
+                println!("{k} = {}", ccattler_engine::factfile::format_value(&h.value));
+            }
+        }
+        Format::Json => {
+            let facts: serde_json::Map<String, serde_json::Value> = kvs
+                .iter()
+                .map(|(k, h)| (k.clone(), serde_json::json!({ "value": h.value, "mod_revision": h.mod_revision })))
+                .collect();
+            println!("{}", serde_json::json!({ "revision": rev, "facts": facts }));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -612,3 +612,39 @@ async fn tls_with_a_ca_file() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/ca.pem"));
 }
+
+#[tokio::test]
+async fn apply_writes_user_facts_only_and_get_reads_them() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("apply");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.facts");
+    std::fs::write(&good, "desired/service/web/image = nginx:1.28\nintent/user/service/web/instances = 3\ndesired/config/web/GREETING = \"hello world\"\n").unwrap();
+    let out = ccattler(&["apply", good.to_str().unwrap(), "--etcd", &etcd_url()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(get(&mut etcd, "intent/user/service/web/instances").await.as_deref(), Some("3"));
+    assert_eq!(get(&mut etcd, "desired/config/web/GREETING").await.as_deref(), Some("hello world"));
+
+    let before = revision(&mut etcd).await;
+    let bad = dir.join("bad.facts");
+    std::fs::write(&bad, "intent/user/service/web/instances = 9\nobserved/node/n1/alive = 1\nintent/autoscaler/service/web/instances = 9\n").unwrap();
+    let out = ccattler(&["apply", bad.to_str().unwrap(), "--etcd", &etcd_url()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.facts:2: observed/node/n1/alive is not under desired/ or intent/user/"), "{err}");
+    assert!(err.contains("bad.facts:3: intent/autoscaler/service/web/instances"), "{err}");
+    assert_eq!(revision(&mut etcd).await, before, "a refused file writes nothing");
+    assert_eq!(get(&mut etcd, "intent/user/service/web/instances").await.as_deref(), Some("3"));
+
+    let out = ccattler(&["get", "desired/", "--etcd", &etcd_url()]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "desired/config/web/GREETING = hello world\ndesired/service/web/image = nginx:1.28\n"
+    );
+    let out = ccattler(&["get", "--format", "json", "--etcd", &etcd_url()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["facts"]["intent/user/service/web/instances"]["value"], "3");
+    assert_eq!(v["facts"].as_object().unwrap().len(), 3);
+}

@@ -78,7 +78,8 @@ pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Re
     let mut page = page.max(1);
     for prefix in prefixes {
         let end = prefix_end(prefix);
-        let mut start = prefix.clone().into_bytes();
+        // The whole keyspace is ["\0", "\0"): etcd refuses an empty key.
+        let mut start = if prefix.is_empty() { vec![0] } else { prefix.clone().into_bytes() };
         loop {
             let opts = GetOptions::new().with_range(end.clone()).with_revision(rev).with_limit(page);
             let resp = match client.get(start.clone(), Some(opts)).await {
