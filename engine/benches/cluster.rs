@@ -77,6 +77,9 @@ fn main() {
     assert_eq!(checked.errors(), 0, "{}", checked.render());
     let program = Arc::new(checked.program.expect("a checked program"));
 
+    if std::env::args().any(|a| a == "--pending") {
+        return placement(&p, program, workers);
+    }
     let t = Instant::now();
     let facts = synth::cluster(&p);
     let gen_time = t.elapsed();
@@ -176,4 +179,55 @@ fn main() {
         (rss_loaded - rss_before) as f64 * 1024.0 / held as f64,
         held
     );
+}
+
+/// Offline placement throughput: every instance pending at once, run to a
+/// complete placement; then one node dies and its instances are re-placed.
+/// Validates that no node is over its cpu or memory.
+fn placement(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize) {
+    let facts = synth::unplaced(p);
+    let writes: Vec<Write> = facts.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
+    println!("placement: {p:?}, {} facts, every instance pending", writes.len());
+    let t = Instant::now();
+    let mut session = Session::new(program, workers).expect("engine");
+    session.write(&writes).expect("place");
+    let took = t.elapsed();
+    let placed = validate(&session, p);
+    println!(
+        "placed {placed} of {} instances in {:.2} s = {:.0} placements/s ({} write-back rounds)",
+        p.instances,
+        took.as_secs_f64(),
+        placed as f64 / took.as_secs_f64(),
+        session.last_rounds
+    );
+    // One node dies: its instances go elsewhere.
+    let victim = synth::node_name(0);
+    let on_victim = session.derived().range(format!("placement/node/{victim}/")..).take_while(|(k, _)| k.starts_with(&format!("placement/node/{victim}/"))).count();
+    let t = Instant::now();
+    session.write(&[(format!("observed/node/{victim}/alive"), None)]).expect("node death");
+    let took = t.elapsed();
+    let placed = validate(&session, p);
+    println!("node with {on_victim} instances died: re-placed in {:.2} s; {placed} placed; no node over capacity", took.as_secs_f64());
+}
+
+/// Counts placements and checks every node's cpu and memory against what is placed on it.
+fn validate(session: &Session, p: &Params) -> usize {
+    let derived = session.derived();
+    let mut used: std::collections::HashMap<&str, (i64, i64)> = std::collections::HashMap::new();
+    let mut placed = 0;
+    for (k, node) in derived.range("placement/instance/".to_string()..).take_while(|(k, _)| k.starts_with("placement/instance/")) {
+        let inst = &k["placement/instance/".len()..];
+        let svc = &inst[..inst.rfind('-').expect("instance ids are S-i")];
+        let cpu: i64 = derived[&format!("effective/service/{svc}/cpu")].parse().unwrap();
+        let mem: i64 = derived[&format!("effective/service/{svc}/memory")].parse().unwrap();
+        let u = used.entry(node.as_str()).or_default();
+        u.0 += cpu;
+        u.1 += mem;
+        placed += 1;
+    }
+    for (node, (c, m)) in &used {
+        assert!(*c <= synth::NODE_CPU && *m <= synth::NODE_MEMORY, "{node} overcommitted: {c} m, {m} MiB");
+    }
+    assert!(placed <= p.instances);
+    placed
 }

@@ -47,6 +47,16 @@ pub fn node_facts(n: usize, zones: usize) -> Vec<(String, String)> {
 
 /// Every fact of the converged cluster, as etcd would hold it.
 pub fn cluster(p: &Params) -> Vec<(String, String)> {
+    facts(p, true)
+}
+
+/// The same cluster before anything was placed: nodes and services only, so
+/// every instance is pending at once.
+pub fn unplaced(p: &Params) -> Vec<(String, String)> {
+    facts(p, false)
+}
+
+fn facts(p: &Params, placed: bool) -> Vec<(String, String)> {
     let mut f = Vec::new();
     for n in 0..p.nodes {
         f.extend(node_facts(n, p.zones));
@@ -65,6 +75,9 @@ pub fn cluster(p: &Params) -> Vec<(String, String)> {
         f.push((format!("intent/user/service/{name}/instances"), count.to_string()));
         f.push((format!("intent/autoscaler/service/{name}/instances"), (count / 2).to_string()));
         for i in 0..count {
+            if !placed {
+                break;
+            }
             let inst = format!("{name}-{i}");
             // Round-robin over nodes: at most ceil(instances/nodes) per node,
             // far inside capacity.
