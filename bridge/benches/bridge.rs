@@ -15,11 +15,6 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn arg<T: std::str::FromStr>(name: &str) -> Option<T> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -60,13 +55,8 @@ async fn raw_write(client: &Client, facts: &[(String, String)]) -> f64 {
 }
 
 fn main() {
-    let p = Params {
-        nodes: arg("--nodes").unwrap_or(5_000),
-        services: arg("--services").unwrap_or(1_000),
-        instances: arg("--instances").unwrap_or(150_000),
-        zones: 3,
-    };
-    let changes: usize = arg("--changes").unwrap_or(100);
+    let p = Params::from_args();
+    let changes: usize = synth::arg("--changes").unwrap_or(100);
     let rules = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../rules"));
     let dir = std::env::temp_dir().join(format!("ccattler-bench-etcd-{}", std::process::id()));
     let (cport, pport) = (free_port(), free_port());

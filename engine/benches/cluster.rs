@@ -14,11 +14,6 @@ use ccattler_engine::Session;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn arg<T: std::str::FromStr>(name: &str) -> Option<T> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
-}
-
 fn rss_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -64,15 +59,10 @@ fn report(name: &str, lat: &mut Latency) -> Duration {
 }
 
 fn main() {
-    let p = Params {
-        nodes: arg("--nodes").unwrap_or(5_000),
-        services: arg("--services").unwrap_or(1_000),
-        instances: arg("--instances").unwrap_or(150_000),
-        zones: 3,
-    };
-    let changes: usize = arg("--changes").unwrap_or(100);
-    let workers: usize = arg("--workers").unwrap_or(1);
-    let rules: String = arg("--rules").unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../rules").to_string());
+    let p = Params::from_args();
+    let changes: usize = synth::arg("--changes").unwrap_or(100);
+    let workers: usize = synth::arg("--workers").unwrap_or(1);
+    let rules: String = synth::arg("--rules").unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../rules").to_string());
     let checked = ccattler_parser::load(&[rules.clone().into()]).expect("rules load");
     assert_eq!(checked.errors(), 0, "{}", checked.render());
     let program = Arc::new(checked.program.expect("a checked program"));
@@ -83,7 +73,7 @@ fn main() {
     let t = Instant::now();
     let facts = synth::cluster(&p);
     let gen_time = t.elapsed();
-    if let Some(path) = arg::<String>("--write-facts") {
+    if let Some(path) = synth::arg::<String>("--write-facts") {
         let text: String = facts.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
         std::fs::write(&path, text).expect("write facts file");
         println!("wrote {} facts to {path}", facts.len());

@@ -18,6 +18,25 @@ impl Default for Params {
     }
 }
 
+impl Params {
+    /// `--nodes --services --instances` from the command line, defaults otherwise.
+    pub fn from_args() -> Params {
+        let d = Params::default();
+        Params {
+            nodes: arg("--nodes").unwrap_or(d.nodes),
+            services: arg("--services").unwrap_or(d.services),
+            instances: arg("--instances").unwrap_or(d.instances),
+            zones: d.zones,
+        }
+    }
+}
+
+/// The value after `name` on the command line, parsed (for the benchmarks).
+pub fn arg<T: std::str::FromStr>(name: &str) -> Option<T> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
+}
+
 pub const NODE_CPU: i64 = 64_000;
 pub const NODE_MEMORY: i64 = 131_072;
 
