@@ -8,7 +8,10 @@
 //!   score)` holds and the node's remaining `free` cpu and memory both cover
 //!   the instance's requests; the node is then charged.
 //! * Among those nodes it takes the smallest (spread + instances of the same
-//!   service assigned there earlier in this round, score, node name).
+//!   service assigned there earlier in this round, score + load this round,
+//!   node name), where load this round is the permille of the node's initial
+//!   free cpu plus the permille of its initial free memory that this round has
+//!   handed out (so one big round spreads like many small ones).
 //! * A node that cannot fit an instance of a service is not offered to that
 //!   service's later instances in the round (instances of one service ask for
 //!   the same resources, so it could not fit them either).
@@ -44,12 +47,22 @@ impl PartialOrd for ByText {
 
 /// Runs the assignment; returns (instance, node) pairs sorted by instance.
 pub fn assign(pending: &[Pending], candidates: &[Candidate], free: &[Free]) -> Vec<(Value, Value)> {
-    let mut room: HashMap<Value, (i64, i64)> = free.iter().map(|(n, c, m)| (*n, (*c, *m))).collect();
-    // Per service: its candidate nodes ordered by (spread, score, node).
+    // node → (initial free, still free)
+    let mut room: HashMap<Value, ((i64, i64), (i64, i64))> = free.iter().map(|(n, c, m)| (*n, ((*c, *m), (*c, *m)))).collect();
+    // What this round has added to a node's score.
+    let load = |initial: (i64, i64), left: (i64, i64)| -> i64 {
+        let permille = |total: i64, rest: i64| if total > 0 { (total - rest) * 1000 / total } else { 0 };
+        permille(initial.0, left.0) + permille(initial.1, left.1)
+    };
+    // Per service: candidate nodes keyed (spread, score, node) as last computed,
+    // with the node's base score kept beside. Keys only grow during a round, so
+    // a popped entry whose key is still current is the true best ("lazy" keys).
     let mut offers: HashMap<Value, BTreeSet<(i64, i64, ByText)>> = HashMap::new();
+    let mut base: HashMap<(Value, Value), i64> = HashMap::new();
     for (s, n, spread, score) in candidates {
         if room.contains_key(n) {
             offers.entry(*s).or_default().insert((*spread, *score, ByText(*n)));
+            base.insert((*s, *n), *score);
         }
     }
     let mut order: Vec<&Pending> = pending.iter().collect();
@@ -58,17 +71,26 @@ pub fn assign(pending: &[Pending], candidates: &[Candidate], free: &[Free]) -> V
     for &(instance, service, cpu, mem) in order {
         let Some(nodes) = offers.get_mut(&service) else { continue };
         while let Some(&(spread, score, ByText(node))) = nodes.iter().next() {
-            let r = room.get_mut(&node).expect("offers only nodes with a free entry");
-            if r.0 >= cpu && r.1 >= mem {
-                r.0 -= cpu;
-                r.1 -= mem;
+            let (initial, left) = room[&node];
+            let current = base[&(service, node)] + load(initial, left);
+            if current != score {
+                // Stale: the node was charged since this key was computed.
                 nodes.remove(&(spread, score, ByText(node)));
-                nodes.insert((spread + 1, score, ByText(node)));
-                out.push((instance, node));
-                break;
+                nodes.insert((spread, current, ByText(node)));
+                continue;
             }
-            // Cannot fit this service's request now, nor later in this round.
+            if left.0 < cpu || left.1 < mem {
+                // Cannot fit this service's request now, nor later in this round.
+                nodes.remove(&(spread, score, ByText(node)));
+                continue;
+            }
+            let r = room.get_mut(&node).expect("offers only nodes with a free entry");
+            r.1 = (left.0 - cpu, left.1 - mem);
+            let charged = base[&(service, node)] + load(r.0, r.1);
             nodes.remove(&(spread, score, ByText(node)));
+            nodes.insert((spread + 1, charged, ByText(node)));
+            out.push((instance, node));
+            break;
         }
     }
     out.sort_by(|a, b| a.0.cmp_text(&b.0));
@@ -170,6 +192,28 @@ mod tests {
         let mut reversed = cands.clone();
         reversed.reverse();
         assert_eq!(assign(&pending, &reversed, &free), out, "input order does not matter");
+    }
+
+    #[test]
+    fn one_big_round_balances_load_across_services() {
+        // 10 services × 10 instances on 20 equal nodes: 5 per node, not 10 on the first 10.
+        let mut pending = Vec::new();
+        let mut cands = Vec::new();
+        for s in 0..10 {
+            for i in 0..10 {
+                pending.push((v(&format!("s{s}-{i}")), v(&format!("s{s}")), 100, 100));
+            }
+            for n in 0..20 {
+                cands.push((v(&format!("s{s}")), v(&format!("n{n:02}")), 0, 0));
+            }
+        }
+        let free: Vec<Free> = (0..20).map(|n| (v(&format!("n{n:02}")), 10_000, 10_000)).collect();
+        let out = assign(&pending, &cands, &free);
+        check(&pending, &cands, &free, &out);
+        for n in 0..20 {
+            let on = out.iter().filter(|(_, x)| *x == v(&format!("n{n:02}"))).count();
+            assert_eq!(on, 5, "n{n:02} got {on}");
+        }
     }
 
     #[test]
