@@ -122,11 +122,15 @@ impl Reconciler {
         let mut last = self.revision;
         for (rev, events) in revisions {
             let changes = self.record(&events);
-            self.time = rev.max(self.time + 1);
-            batches.push((self.time, changes));
             last = last.max(rev);
+            // A revision that changes no input tuple (e.g. our own writes of
+            // output-only keys coming back) needs no engine pass at all.
+            if !changes.is_empty() {
+                self.time = rev.max(self.time + 1);
+                batches.push((self.time, changes));
+            }
         }
-        let diffs = self.engine.apply_many(batches)?;
+        let diffs = if batches.is_empty() { Vec::new() } else { self.engine.apply_many(batches)? };
         for key in self.outputs.apply(&self.program, &diffs) {
             self.dirty.insert(format!("{CONFLICT}{key}"));
             self.dirty.insert(key);
