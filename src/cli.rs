@@ -46,14 +46,13 @@ impl EtcdArgs {
         if self.etcd_cert.is_some() != self.etcd_key.is_some() {
             anyhow::bail!("--etcd-cert and --etcd-key go together");
         }
-        let tls = (self.etcd_ca.is_some() || self.etcd_cert.is_some()).then(|| ccattler_bridge::etcd::TlsFiles {
+        let files = (self.etcd_ca.is_some() || self.etcd_cert.is_some()).then(|| ccattler_bridge::etcd::TlsFiles {
             ca: self.etcd_ca.clone(),
             cert: self.etcd_cert.clone(),
             key: self.etcd_key.clone(),
         });
-        if let Some(t) = &tls {
-            t.options()?; // a missing or unreadable file is named now, not at connect time
-        }
+        // A missing or unreadable file is named now, not at connect time.
+        let tls = files.map(|f| f.options()).transpose()?;
         Ok(ccattler_bridge::etcd::EtcdConfig { endpoints: self.etcd.clone(), user, tls })
     }
 }
@@ -276,23 +275,7 @@ fn eval(facts: &std::path::Path, rules: &std::path::Path, format: Format, worker
 /// `*.test` files under the given paths (default `<rules>/tests`), sorted.
 fn test_files(paths: Vec<PathBuf>, rules: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
     let paths = if paths.is_empty() { vec![rules.join("tests")] } else { paths };
-    let mut out = Vec::new();
-    for p in paths {
-        let meta = std::fs::metadata(&p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-        if meta.is_dir() {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(&p)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.extension().is_some_and(|x| x == "test"))
-                .collect();
-            found.sort();
-            out.extend(found);
-        } else {
-            out.push(p);
-        }
-    }
-    anyhow::ensure!(!out.is_empty(), "no .test files found");
-    Ok(out)
+    Ok(ccattler_parser::files_with_extension(&paths, "test")?)
 }
 
 fn test(paths: Vec<PathBuf>, rules: &std::path::Path, filter: Option<&str>, format: Format) -> anyhow::Result<ExitCode> {

@@ -132,6 +132,17 @@ async fn campaign(client: &mut Client, id: &str, ttl: i64) -> Result<Option<Lead
     Ok(Some(Leadership { lease, fence: Fence { key: LEADER_KEY.into(), create_revision }, keeper, responses }))
 }
 
+/// A standby's campaign; on success every key is considered again, since a
+/// standby plans nothing while it waits.
+async fn take_over(client: &mut Client, cfg: &ControllerConfig, r: &mut Reconciler) -> Option<Leadership> {
+    let leader = campaign(client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
+    if leader.is_some() {
+        info!(id = %cfg.id, "took over leadership");
+        r.mark_all_dirty();
+    }
+    leader
+}
+
 /// After a reconnect: keeps leading if the leader key is still ours.
 async fn resume(client: &mut Client, lease: i64, fence: Fence) -> Option<Leadership> {
     if !still_leader(client, &fence).await {
@@ -341,11 +352,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         continue 'connect;
                     }
                     if leader_gone && leader.is_none() {
-                        leader = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
-                        if leader.is_some() {
-                            info!(id = %cfg.id, "took over leadership");
-                            r.mark_all_dirty();
-                        }
+                        leader = take_over(&mut client, &cfg, r).await;
                     }
                 }
                 _ = tick.tick() => {
@@ -354,13 +361,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                             warn!("leader lease lost");
                             leader = None;
                         },
-                        None => {
-                            leader = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
-                            if leader.is_some() {
-                                info!(id = %cfg.id, "took over leadership");
-                                r.mark_all_dirty();
-                            }
-                        }
+                        None => leader = take_over(&mut client, &cfg, r).await,
                     }
                 }
                 _ = stop.changed() => return resign(&mut client, leader).await,

@@ -11,7 +11,8 @@ pub use etcd_client::Error as EtcdError;
 pub struct EtcdConfig {
     pub endpoints: Vec<String>,
     pub user: Option<(String, String)>,
-    pub tls: Option<TlsFiles>,
+    /// Built from [`TlsFiles`] once, so a file problem is reported up front.
+    pub tls: Option<etcd_client::TlsOptions>,
 }
 
 /// PEM files for TLS: the CA that signed etcd's certificate, and optionally a
@@ -50,11 +51,8 @@ pub async fn connect(cfg: &EtcdConfig) -> Result<Client, EtcdError> {
     if let Some((u, p)) = &cfg.user {
         opts = opts.with_user(u.clone(), p.clone());
     }
-    if let Some(files) = &cfg.tls {
-        // Files were read once already when the configuration was checked.
-        if let Ok(tls) = files.options() {
-            opts = opts.with_tls(tls);
-        }
+    if let Some(tls) = &cfg.tls {
+        opts = opts.with_tls(tls.clone());
     }
     Client::connect(&cfg.endpoints, Some(opts)).await
 }

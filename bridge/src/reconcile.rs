@@ -103,12 +103,8 @@ impl Reconciler {
         self.inputs.facts.len() + self.outputs.resolved.len()
     }
 
-    pub fn is_output_key(&self, key: &str) -> bool {
-        self.program.outputs().any(|(_, r)| r.pattern.as_ref().is_some_and(|p| p.match_key(key).is_some()))
-    }
-
     fn is_managed_key(&self, key: &str) -> bool {
-        key.starts_with(REJECTED) || key.starts_with(CONFLICT) || self.is_output_key(key)
+        key.starts_with(REJECTED) || key.starts_with(CONFLICT) || ccattler_engine::facts::is_output_key(&self.program, key)
     }
 
     /// Applies every change of one revision.
@@ -263,10 +259,9 @@ impl Reconciler {
         }
     }
 
-    /// Drops dirty keys that need no write.
+    /// After a plan came out empty: no dirty key needs a write.
     pub fn clean(&mut self) {
-        let pending: BTreeSet<String> = self.plan().into_iter().map(|op| op.key().to_string()).collect();
-        self.dirty = pending;
+        self.dirty.clear();
     }
 }
 

@@ -122,6 +122,11 @@ pub struct OutputFacts {
     pub conflicts: BTreeMap<String, Conflict>,
 }
 
+/// Whether some output pattern can produce `key` (so the controller manages it).
+pub fn is_output_key(program: &Program, key: &str) -> bool {
+    program.outputs().any(|(_, r)| r.pattern.as_ref().is_some_and(|p| p.match_key(key).is_some()))
+}
+
 /// Renders an output tuple as its key and value.
 pub fn encode(program: &Program, rel: RelId, row: &[Value]) -> Option<(String, String)> {
     let r = &program.relations[rel];

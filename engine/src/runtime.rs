@@ -230,15 +230,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                     input.advance_to(rev + 1);
                     input.flush();
                 }
-                let mut steps = 0usize;
-                let t0 = std::time::Instant::now();
-                while probe.less_equal(&rev) {
-                    worker.step();
-                    steps += 1;
-                }
-                if std::env::var_os("CCATTLER_STEPS").is_some() {
-                    eprintln!("rev {rev}: {steps} steps in {:?}", t0.elapsed());
-                }
+                worker.step_while(|| probe.less_equal(&rev));
                 let frontier = Antichain::from_elem(rev);
                 for t in traces.values_mut() {
                     t.set_logical_compaction(frontier.borrow());

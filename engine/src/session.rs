@@ -2,7 +2,7 @@
 //! the write-back loop, run to a fixed point. `eval`, `test` and `explain
 //! --facts` use it, so offline results are the controller's results.
 
-use crate::facts::{Conflict, InputFacts, OutputFacts};
+use crate::facts::{is_output_key, Conflict, InputFacts, OutputFacts};
 use crate::runtime::{Engine, EngineError};
 use ccattler_parser::program::Program;
 use std::collections::{BTreeMap, BTreeSet};
@@ -140,8 +140,4 @@ impl Session {
     pub fn conflicts(&self) -> impl Iterator<Item = &Conflict> {
         self.outputs.conflicts.values()
     }
-}
-
-fn is_output_key(program: &Program, key: &str) -> bool {
-    program.outputs().any(|(_, r)| r.pattern.as_ref().is_some_and(|p| p.match_key(key).is_some()))
 }

@@ -464,13 +464,12 @@ impl Checker {
             }
         }
 
+        // A rule with errors is not added (ids stay dense; no program is built).
         let errors_after = self.diags.iter().filter(|d| d.is_error()).count();
         if let (Some(head), true) = (head, errors_after == errors_before) {
             let vars = vars.names.into_iter().zip(vars.types.into_iter().map(|t| t.unwrap_or(Type::Int))).collect();
             let id = self.rules.len();
             self.rules.push(Rule { id, head, head_terms, body, vars, span: r.span });
-        } else {
-            // Keep ids dense: a rule with errors is not added, and the program will not be built.
         }
     }
 

@@ -24,8 +24,8 @@ pub enum LoadError {
     Missing { path: PathBuf },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{path}: no .rules files found")]
-    Empty { path: PathBuf },
+    #[error("{path}: no .{ext} files found")]
+    Empty { path: PathBuf, ext: &'static str },
 }
 
 /// The outcome of checking: the program if it is valid, and every diagnostic.
@@ -46,6 +46,12 @@ impl Checked {
 
 /// Expands files and directories (their `*.rules`, sorted) into rule file paths.
 pub fn rule_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
+    files_with_extension(paths, "rules")
+}
+
+/// Expands files and directories (their `*.<ext>` files, sorted); a missing
+/// path or a directory without such files is an error naming it.
+pub fn files_with_extension(paths: &[PathBuf], ext: &'static str) -> Result<Vec<PathBuf>, LoadError> {
     let mut out = Vec::new();
     for path in paths {
         let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
@@ -56,10 +62,10 @@ pub fn rule_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
             let mut found: Vec<PathBuf> = std::fs::read_dir(path)
                 .map_err(|e| LoadError::Io { path: path.clone(), source: e })?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "rules"))
+                .filter(|p| p.extension().is_some_and(|x| x == ext))
                 .collect();
             if found.is_empty() {
-                return Err(LoadError::Empty { path: path.clone() });
+                return Err(LoadError::Empty { path: path.clone(), ext });
             }
             found.sort();
             out.extend(found);
