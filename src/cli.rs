@@ -98,6 +98,43 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
     },
+    /// The node agent: lease, observed facts, runs placed instances, probes them.
+    Agent {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// This node's name.
+        #[arg(long)]
+        node: String,
+        /// Capacity in millicores.
+        #[arg(long)]
+        cpu: i64,
+        /// Capacity in MiB.
+        #[arg(long)]
+        memory: i64,
+        /// The IP address instances listen on and endpoints point to.
+        #[arg(long)]
+        address: String,
+        /// A node label, `KEY=VALUE` (repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        /// Lease TTL in seconds: the node is unreachable this long after the agent dies.
+        #[arg(long, default_value_t = 30)]
+        ttl: i64,
+        /// Where the agent keeps its lease, instance records, logs and volumes.
+        #[arg(long, default_value = "/var/lib/ccattler/agent")]
+        state_dir: PathBuf,
+        /// Seconds between SIGTERM and SIGKILL when stopping an instance.
+        #[arg(long, default_value_t = 5)]
+        grace: u64,
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
+    },
+    /// The built-in `builtin:http` image (run by the agent, not by hand).
+    #[command(hide = true)]
+    ServeHttp {
+        #[arg(long)]
+        instance: String,
+    },
     /// Write a facts file as the user: only keys under `desired/` and `intent/user/`.
     Apply {
         /// Facts file: one `KEY = VALUE` a line.
@@ -184,6 +221,26 @@ pub fn main() -> ExitCode {
             };
             controller(cfg)
         }
+        Command::Agent { etcd, node, cpu, memory, address, labels, ttl, state_dir, grace, log_format } => {
+            init_logging(log_format);
+            let cfg = ccattler_agent::AgentConfig {
+                etcd: match etcd.config() {
+                    Ok(c) => c,
+                    Err(e) => return usage_error(e),
+                },
+                node,
+                cpu,
+                memory,
+                address,
+                labels: labels.into_iter().collect(),
+                ttl,
+                state_dir,
+                grace: std::time::Duration::from_secs(grace),
+                resync: std::time::Duration::from_secs(1),
+            };
+            agent(cfg)
+        }
+        Command::ServeHttp { instance } => serve_http(instance),
         Command::Plan { etcd, rules } => plan(&etcd, &rules),
         Command::Apply { file, etcd } => apply(&file, &etcd),
         Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
@@ -331,6 +388,36 @@ fn controller(cfg: ccattler_bridge::controller::ControllerConfig) -> anyhow::Res
         }
         Err(e) => Err(e.into()),
     }
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+fn agent(cfg: ccattler_agent::AgentConfig) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let agent = match ccattler_agent::Agent::new(cfg) {
+            Ok(a) => a,
+            Err(e) => return Ok(usage_error(e.into())),
+        };
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        };
+        agent.run(stop).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn serve_http(instance: String) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(ccattler_agent::http_image::serve(instance))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn plan(etcd: &EtcdArgs, rules: &std::path::Path) -> anyhow::Result<ExitCode> {

@@ -2,139 +2,14 @@
 //! against the real etcd that `scripts/test` starts (CCATTLER_ETCD). The tests
 //! share that etcd, so they run one at a time and start from an empty store.
 
-use etcd_client::{Client, DeleteOptions, GetOptions};
+
+mod common;
+use common::*;
+use etcd_client::{Client, GetOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn etcd_url() -> String {
-    std::env::var("CCATTLER_ETCD").expect("CCATTLER_ETCD is set by scripts/test; run the tests through it")
-}
-
-/// A client on an empty store.
-async fn fresh_etcd() -> Client {
-    let mut c = Client::connect([etcd_url()], None).await.expect("connect to etcd");
-    c.delete("\0", Some(DeleteOptions::new().with_from_key())).await.expect("wipe");
-    c
-}
-
-async fn get(c: &mut Client, key: &str) -> Option<String> {
-    let r = c.get(key, None).await.expect("get");
-    r.kvs().first().map(|kv| kv.value_str().unwrap().to_string())
-}
-
-async fn revision(c: &mut Client) -> i64 {
-    c.get("\0", None).await.expect("get").header().unwrap().revision()
-}
-
-async fn keys(c: &mut Client, prefix: &str) -> Vec<(String, String)> {
-    let r = c.get(prefix, Some(GetOptions::new().with_prefix())).await.expect("get");
-    r.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.value_str().unwrap().to_string())).collect()
-}
-
-/// Polls `cond` until it holds or the deadline passes.
-async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out after {within:?} waiting for: {what}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn shipped_rules() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")
-}
-
-/// A `ccattler controller` child process, killed on drop.
-struct Controller {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Controller {
-    fn start(id: &str, rules: &Path) -> Controller {
-        let port = free_port();
-        let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("controller-{id}-{port}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_ccattler"))
-            .args(["controller", "--rules", rules.to_str().unwrap(), "--id", id, "--leader-ttl", "2"])
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--etcd", &etcd_url()])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start controller");
-        Controller { child, port, log }
-    }
-
-    /// A metric's value from /metrics, if the controller answers.
-    fn metric(&self, name: &str) -> Option<f64> {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
-        body.lines().find_map(|l| l.strip_prefix(&format!("ccattler_{name} "))).and_then(|v| v.trim().parse().ok())
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success();
-        assert!(ok, "kill {sig}");
-    }
-
-    /// SIGTERM and wait for the exit status.
-    fn stop(mut self) -> std::process::ExitStatus {
-        self.signal("-TERM");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "controller did not stop on SIGTERM:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Waits until `c` leads and has found nothing to write at a revision ≥ `rev`.
-async fn settled(c: &Controller, etcd: &mut Client, within: Duration) {
-    let rev = revision(etcd).await as f64;
-    wait_for("the controller to lead and settle", within, || async {
-        c.metric("leader") == Some(1.0) && c.metric("settled_revision").is_some_and(|s| s >= rev)
-    })
-    .await;
-}
-
-const T: Duration = Duration::from_secs(15);
 
 #[tokio::test]
 async fn intent_converges_and_follows_changes() {

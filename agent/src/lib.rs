@@ -1,1 +1,14 @@
+//! The node agent: holds an etcd lease for its node, reports what it observes
+//! under `observed/` (and nowhere else: [`keys`]), runs the instances placed
+//! on its node as child processes ([`runtime`]), probes them ([`probe`]),
+//! and survives its own restarts through a state directory ([`state`]).
 
+pub mod agent;
+pub mod http_image;
+pub mod keys;
+pub mod probe;
+pub mod runtime;
+pub mod spec;
+pub mod state;
+
+pub use agent::{Agent, AgentConfig, AgentError};

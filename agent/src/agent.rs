@@ -1,0 +1,798 @@
+//! The agent's loop. Level-triggered, like the controller: each pass reads
+//! what is placed on the node, makes the processes match (start, stop,
+//! restart after a crash with backoff, restart when the launch spec
+//! changes), and writes the difference between what it observes and what it
+//! last wrote under `observed/`. A watch on `placement/node/N/` wakes it
+//! early; a resync timer catches spec changes. etcd being away never stops
+//! the instances: the loop reconnects with backoff, reuses its lease while
+//! it lives, and otherwise takes a new one and registers again.
+
+use crate::keys::ObservedKey;
+use crate::probe;
+use crate::runtime::{self, Identity, Launch};
+use crate::spec::{self, InstanceSpec};
+use crate::state::{Record, StateDir, StateError};
+use ccattler_bridge::etcd::{connect, EtcdConfig};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchStream, Watcher};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub etcd: EtcdConfig,
+    pub node: String,
+    pub cpu: i64,
+    pub memory: i64,
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    /// Lease TTL in seconds.
+    pub ttl: i64,
+    pub state_dir: PathBuf,
+    /// SIGTERM → SIGKILL grace when stopping an instance.
+    pub grace: Duration,
+    /// Re-read the specs at least this often.
+    pub resync: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("--node {0:?} is not a name ([a-z0-9]([a-z0-9._-]*[a-z0-9])?, at most 63 characters)")]
+    Node(String),
+    #[error("--label {0:?}: {1}")]
+    Label(String, &'static str),
+    #[error("--address {0:?} is not an IP address")]
+    Address(String),
+    #[error("--ttl must be at least 2 seconds, not {0}")]
+    Ttl(i64),
+}
+
+/// Why an instance is in the state it is in; reported as `observed/instance/I/state`.
+#[derive(Clone, Debug, PartialEq)]
+enum Phase {
+    /// Its process runs.
+    Running,
+    /// Its process exited; it starts again at `retry_at`.
+    Crashed { exit: String, retry_at: Instant },
+    /// It cannot start until its spec changes (unsupported image, …).
+    Failed(String),
+    /// It has no image yet.
+    Waiting,
+    /// Its process was signalled to stop.
+    Stopping,
+}
+
+impl Phase {
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::Running => "running",
+            Phase::Crashed { .. } => "crashed",
+            Phase::Failed(_) => "failed",
+            Phase::Waiting => "waiting",
+            Phase::Stopping => "stopping",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Proc {
+    pid: u32,
+    start_time: u64,
+    generation: u64,
+}
+
+struct ProbeRun {
+    spec: spec::ProbeSpec,
+    next: Instant,
+    in_flight: bool,
+    healthy: Option<bool>,
+}
+
+struct Instance {
+    service: String,
+    image: Option<String>,
+    /// What its process was started with.
+    launch: Option<Launch>,
+    port: u16,
+    proc: Option<Proc>,
+    phase: Phase,
+    restarts: u32,
+    probes: BTreeMap<String, ProbeRun>,
+}
+
+enum Event {
+    Exited { instance: String, generation: u64, status: String },
+    Probed { instance: String, generation: u64, probe: String, healthy: bool },
+}
+
+struct Conn {
+    client: Client,
+    lease: i64,
+    keeper: LeaseKeeper,
+    keepalive: LeaseKeepAliveStream,
+    next_keepalive: Instant,
+    _watcher: Watcher,
+    watch: WatchStream,
+}
+
+/// A fact the agent writes: its value, and whether it dies with the lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Fact {
+    value: String,
+    leased: bool,
+}
+
+pub struct Agent {
+    cfg: AgentConfig,
+    state: StateDir,
+    instances: BTreeMap<String, Instance>,
+    /// What etcd last held from us (keys we own).
+    written: BTreeMap<ObservedKey, Fact>,
+    /// The last spec read, once one was.
+    wanted: Option<BTreeMap<String, InstanceSpec>>,
+    conn: Option<Conn>,
+    next_connect: Instant,
+    backoff: Duration,
+    generation: u64,
+    events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
+}
+
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const TXN_OPS: usize = 64;
+
+/// Restart delay after the n-th crash: 0.5 s, doubling up to 16 s.
+fn crash_backoff(restarts: u32) -> Duration {
+    Duration::from_millis(500).saturating_mul(1 << restarts.min(6).saturating_sub(1)).min(Duration::from_secs(30))
+}
+
+impl AgentConfig {
+    pub fn validate(&self) -> Result<(), AgentError> {
+        if !is_name(&self.node) {
+            return Err(AgentError::Node(self.node.clone()));
+        }
+        for (k, v) in &self.labels {
+            if !is_name(k) {
+                return Err(AgentError::Label(format!("{k}={v}"), "the key is not a name"));
+            }
+        }
+        if self.address.parse::<std::net::IpAddr>().is_err() {
+            return Err(AgentError::Address(self.address.clone()));
+        }
+        if self.ttl < 2 {
+            return Err(AgentError::Ttl(self.ttl));
+        }
+        Ok(())
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    let ok_inner = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-');
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    !s.is_empty() && s.len() <= 63 && s.chars().all(ok_inner) && edge(s.chars().next()) && edge(s.chars().last())
+}
+
+impl Agent {
+    /// Opens the state dir and adopts the instances a previous run left
+    /// running; records of processes that are gone are dropped.
+    pub fn new(cfg: AgentConfig) -> Result<Self, AgentError> {
+        cfg.validate()?;
+        let state = StateDir::open(&cfg.state_dir)?;
+        let mut agent = Agent {
+            state,
+            instances: BTreeMap::new(),
+            written: BTreeMap::new(),
+            wanted: None,
+            conn: None,
+            next_connect: Instant::now(),
+            backoff: Duration::from_millis(250),
+            generation: 0,
+            events: mpsc::unbounded_channel(),
+            cfg,
+        };
+        for (name, rec) in agent.state.records() {
+            if runtime::alive(rec.pid, rec.start_time) {
+                tracing::info!(instance = %name, pid = rec.pid, "adopting an instance started by a previous run");
+                agent.generation += 1;
+                let proc = Proc { pid: rec.pid, start_time: rec.start_time, generation: agent.generation };
+                agent.watch_adopted(name.clone(), proc);
+                agent.instances.insert(
+                    name,
+                    Instance {
+                        service: rec.service,
+                        image: Some(rec.launch.image.clone()),
+                        launch: Some(rec.launch),
+                        port: rec.port,
+                        proc: Some(proc),
+                        phase: Phase::Running,
+                        restarts: 0,
+                        probes: BTreeMap::new(),
+                    },
+                );
+            } else {
+                agent.state.forget(&name)?;
+            }
+        }
+        Ok(agent)
+    }
+
+    /// Runs until `stop` resolves; then stops every instance, revokes the lease and returns.
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+        tokio::pin!(stop);
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_resync = Instant::now();
+        loop {
+            let mut dirty = false;
+            tokio::select! {
+                _ = &mut stop => break,
+                Some(ev) = self.events.1.recv() => self.on_event(ev),
+                msg = watch_message(&mut self.conn) => match msg {
+                    Ok(true) => dirty = true,
+                    Ok(false) => self.lost("the placement watch ended"),
+                    Err(e) => self.lost(&format!("the placement watch failed: {e}")),
+                },
+                _ = tick.tick() => {}
+            }
+            while let Ok(ev) = self.events.1.try_recv() {
+                self.on_event(ev);
+            }
+            if self.conn.is_none() && Instant::now() >= self.next_connect {
+                self.connect().await;
+                dirty = true;
+            }
+            if self.conn.is_some() && (dirty || Instant::now() >= next_resync) {
+                next_resync = Instant::now() + self.cfg.resync;
+                self.read_wanted().await;
+            }
+            self.keep_alive().await;
+            self.converge()?;
+            self.probe();
+            self.publish().await;
+        }
+        self.shutdown().await
+    }
+
+    fn lost(&mut self, why: &str) {
+        if self.conn.take().is_some() {
+            tracing::warn!(reason = why, "lost etcd; instances keep running, reconnecting");
+        }
+        self.next_connect = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+
+    /// Connects, keeps the lease if it still lives (else takes a new one), and
+    /// learns what etcd holds from us, so only differences are written.
+    async fn connect(&mut self) {
+        match self.try_connect().await {
+            Ok(conn) => {
+                tracing::info!(node = %self.cfg.node, lease = conn.lease, "registered with etcd");
+                self.backoff = Duration::from_millis(250);
+                self.conn = Some(conn);
+            }
+            Err(e) => self.lost(&format!("connect: {e}")),
+        }
+    }
+
+    async fn try_connect(&mut self) -> Result<Conn, etcd_client::Error> {
+        let mut client = connect(&self.cfg.etcd).await?;
+        let old = self.conn.as_ref().map(|c| c.lease).or(self.state.lease());
+        let mut lease = None;
+        if let Some(id) = old {
+            if client.lease_time_to_live(id, None).await?.ttl() > 0 {
+                lease = Some(id);
+            }
+        }
+        let lease = match lease {
+            Some(id) => id,
+            None => {
+                let id = client.lease_grant(self.cfg.ttl, None).await?.id();
+                tracing::info!(lease = id, ttl = self.cfg.ttl, "granted a new lease");
+                id
+            }
+        };
+        if let Err(e) = self.state.set_lease(Some(lease)) {
+            tracing::warn!(error = %e, "cannot remember the lease; a restart will take a new one");
+        }
+        let (keeper, keepalive) = client.lease_keep_alive(lease).await?;
+        let (watcher, watch) = client.watch(format!("placement/node/{}/", self.cfg.node), Some(WatchOptions::new().with_prefix())).await?;
+        self.written = self.read_written(&mut client, lease).await?;
+        let next_keepalive = Instant::now();
+        Ok(Conn { client, lease, keeper, keepalive, next_keepalive, _watcher: watcher, watch })
+    }
+
+    /// The keys under `observed/` that are ours and that etcd holds as we
+    /// would write them (value and lease); anything else will be rewritten.
+    async fn read_written(&self, client: &mut Client, lease: i64) -> Result<BTreeMap<ObservedKey, Fact>, etcd_client::Error> {
+        let node = &self.cfg.node;
+        let mut prefixes = vec![format!("observed/node/{node}/")];
+        let known: BTreeSet<String> = self.instances.keys().cloned().chain(self.state.instance_dirs()).collect();
+        for i in &known {
+            prefixes.push(format!("observed/instance/{i}/"));
+            prefixes.push(format!("observed/probe_state/{i}/"));
+        }
+        for v in self.state.persistent_volumes() {
+            prefixes.push(format!("observed/volume/{v}/"));
+        }
+        let mut out = BTreeMap::new();
+        for p in prefixes {
+            let resp = client.get(p.as_str(), Some(GetOptions::new().with_prefix())).await?;
+            let kvs = resp.kvs();
+            // Another node's instance (it moved): not ours to keep or delete.
+            let other = kvs.iter().any(|kv| kv.key_str().is_ok_and(|k| k == format!("{p}node")) && kv.value_str().is_ok_and(|v| v != node));
+            if other && !p.starts_with("observed/node/") {
+                continue;
+            }
+            for kv in kvs {
+                let (Ok(k), Ok(v)) = (kv.key_str(), kv.value_str()) else { continue };
+                let Ok(key) = ObservedKey::new(k) else { continue };
+                let leased = kv.lease() != 0;
+                if leased && kv.lease() != lease {
+                    continue; // held by an old lease: write it again under ours
+                }
+                out.insert(key, Fact { value: v.to_string(), leased });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads the placements and specs, and what etcd holds from us (someone
+    /// may have changed or deleted it: level-triggered, like the controller).
+    async fn read_wanted(&mut self) {
+        let Some(mut conn) = self.conn.take() else { return };
+        let read = async {
+            let wanted = spec::read(&mut conn.client, &self.cfg.node).await?;
+            let written = self.read_written(&mut conn.client, conn.lease).await?;
+            Ok::<_, etcd_client::Error>((wanted, written))
+        }
+        .await;
+        self.conn = Some(conn);
+        match read {
+            Ok((wanted, written)) => {
+                self.wanted = Some(wanted);
+                self.written = written;
+            }
+            Err(e) => self.lost(&format!("reading placements: {e}")),
+        }
+    }
+
+    async fn keep_alive(&mut self) {
+        let Some(conn) = self.conn.as_mut() else { return };
+        if Instant::now() < conn.next_keepalive {
+            return;
+        }
+        conn.next_keepalive = Instant::now() + Duration::from_millis((self.cfg.ttl as u64 * 1000) / 3);
+        let answer = tokio::time::timeout(Duration::from_secs(2), async {
+            conn.keeper.keep_alive().await?;
+            conn.keepalive.message().await
+        })
+        .await;
+        match answer {
+            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {}
+            Ok(Ok(Some(_))) => self.lost("the lease expired"),
+            Ok(Ok(None)) => self.lost("the keep-alive stream ended"),
+            Ok(Err(e)) => self.lost(&format!("keep-alive: {e}")),
+            Err(_) => self.lost("keep-alive timed out"),
+        }
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Exited { instance, generation, status } => {
+                let Some(inst) = self.instances.get_mut(&instance) else { return };
+                if inst.proc.is_none_or(|p| p.generation != generation) {
+                    return;
+                }
+                inst.proc = None;
+                for p in inst.probes.values_mut() {
+                    p.healthy = None;
+                }
+                if let Err(e) = self.state.forget(&instance) {
+                    tracing::warn!(error = %e, "cannot forget a stopped instance");
+                }
+                if inst.phase == Phase::Stopping {
+                    tracing::info!(instance = %instance, %status, "instance stopped");
+                    inst.phase = Phase::Waiting; // converge restarts or removes it
+                } else {
+                    inst.restarts += 1;
+                    let delay = crash_backoff(inst.restarts);
+                    tracing::warn!(instance = %instance, %status, restarts = inst.restarts, retry_in = ?delay, "instance crashed");
+                    inst.phase = Phase::Crashed { exit: status, retry_at: Instant::now() + delay };
+                }
+            }
+            Event::Probed { instance, generation, probe, healthy } => {
+                let Some(inst) = self.instances.get_mut(&instance) else { return };
+                let Some(run) = inst.probes.get_mut(&probe) else { return };
+                run.in_flight = false;
+                if inst.proc.is_some_and(|p| p.generation == generation) {
+                    run.healthy = Some(healthy);
+                }
+            }
+        }
+    }
+
+    /// Makes the processes match the placements.
+    fn converge(&mut self) -> Result<(), AgentError> {
+        let Some(wanted) = self.wanted.clone() else { return Ok(()) };
+        // Stop what is no longer placed here; forget it once it has exited.
+        let names: Vec<String> = self.instances.keys().cloned().collect();
+        for name in names {
+            if wanted.contains_key(&name) {
+                continue;
+            }
+            let inst = self.instances.get_mut(&name).expect("listed");
+            if inst.proc.is_some() {
+                if inst.phase != Phase::Stopping {
+                    tracing::info!(instance = %name, "no longer placed here; stopping");
+                    self.stop(&name);
+                }
+            } else {
+                self.instances.remove(&name);
+                self.state.remove_instance(&name)?;
+            }
+        }
+        // Leftover dirs of instances neither placed nor running (e.g. from a crash of the agent).
+        for dir in self.state.instance_dirs() {
+            if !wanted.contains_key(&dir) && !self.instances.contains_key(&dir) {
+                self.state.remove_instance(&dir)?;
+            }
+        }
+        for (name, spec) in &wanted {
+            let launch = self.launch_for(name, spec);
+            let inst = self.instances.entry(name.clone()).or_insert_with(|| Instance {
+                service: spec.service.clone(),
+                image: spec.image.clone(),
+                launch: None,
+                port: 0,
+                proc: None,
+                phase: Phase::Waiting,
+                restarts: 0,
+                probes: BTreeMap::new(),
+            });
+            inst.service = spec.service.clone();
+            inst.image = spec.image.clone();
+            // Probes follow the spec without a restart.
+            inst.probes.retain(|p, run| spec.probes.get(p) == Some(&run.spec));
+            for (p, ps) in &spec.probes {
+                inst.probes.entry(p.clone()).or_insert_with(|| ProbeRun { spec: ps.clone(), next: Instant::now(), in_flight: false, healthy: None });
+            }
+            let launch = match launch {
+                Ok(Some(l)) => l,
+                Ok(None) => {
+                    if inst.proc.is_none() {
+                        inst.phase = Phase::Waiting;
+                    }
+                    continue;
+                }
+                Err(why) => {
+                    if inst.proc.is_none() {
+                        inst.phase = Phase::Failed(why);
+                    }
+                    continue;
+                }
+            };
+            let changed = inst.launch.as_ref() != Some(&launch);
+            match (&inst.phase, inst.proc.is_some()) {
+                (Phase::Stopping, _) => {}
+                (Phase::Running, true) if changed => {
+                    tracing::info!(instance = %name, "spec changed; restarting");
+                    self.stop(name);
+                }
+                (Phase::Running, true) => {}
+                (Phase::Crashed { retry_at, .. }, false) if Instant::now() < *retry_at && !changed => {}
+                (Phase::Failed(_), false) if !changed => {}
+                (_, false) => self.start(name, launch),
+                (_, true) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The launch spec of a placed instance: None while it has no image,
+    /// Err when it cannot run here.
+    fn launch_for(&self, name: &str, spec: &InstanceSpec) -> Result<Option<Launch>, String> {
+        let Some(image) = &spec.image else { return Ok(None) };
+        runtime::command_for(image, name).map_err(|e| e.to_string())?;
+        let mut volumes = BTreeMap::new();
+        for (v, vs) in &spec.volumes {
+            let dir = self.state.volume(name, v, vs.persistent).map_err(|e| e.to_string())?;
+            volumes.insert(v.clone(), (dir, vs.mount.clone()));
+        }
+        Ok(Some(Launch { image: image.clone(), config: spec.config.clone(), secrets: spec.secrets.clone(), volumes }))
+    }
+
+    fn start(&mut self, name: &str, launch: Launch) {
+        let inst = self.instances.get_mut(name).expect("started instances exist");
+        let started = (|| {
+            let port = runtime::free_port(&self.cfg.address).map_err(|e| format!("no free port on {}: {e}", self.cfg.address))?;
+            std::fs::create_dir_all(self.state.instance_dir(name)).map_err(|e| e.to_string())?;
+            let id = Identity { instance: name, service: &inst.service, node: &self.cfg.node, host: &self.cfg.address, port };
+            let child = runtime::spawn(&id, &launch, &self.state.log(name)).map_err(|e| e.to_string())?;
+            let pid = child.id().ok_or("the process exited at once")?;
+            let start_time = runtime::start_time(pid).unwrap_or(0);
+            Ok::<_, String>((child, pid, start_time, port))
+        })();
+        match started {
+            Ok((child, pid, start_time, port)) => {
+                self.generation += 1;
+                let proc = Proc { pid, start_time, generation: self.generation };
+                let record = Record { service: inst.service.clone(), pid, start_time, port, launch: launch.clone() };
+                if let Err(e) = self.state.save(name, &record) {
+                    tracing::warn!(instance = name, error = %e, "cannot record the instance; a restarted agent will not adopt it");
+                }
+                tracing::info!(instance = name, pid, port, image = %launch.image, "started");
+                inst.proc = Some(proc);
+                inst.port = port;
+                inst.launch = Some(launch);
+                inst.phase = Phase::Running;
+                for p in inst.probes.values_mut() {
+                    p.healthy = None;
+                    p.next = Instant::now();
+                }
+                let tx = self.events.0.clone();
+                let instance = name.to_string();
+                let mut child = child;
+                tokio::spawn(async move {
+                    let status = match child.wait().await {
+                        Ok(s) => s.to_string(),
+                        Err(e) => format!("wait failed: {e}"),
+                    };
+                    let _ = tx.send(Event::Exited { instance, generation: proc.generation, status });
+                });
+            }
+            Err(why) => {
+                tracing::warn!(instance = name, error = %why, "cannot start");
+                inst.restarts += 1;
+                inst.launch = Some(launch);
+                inst.phase = Phase::Crashed { exit: why, retry_at: Instant::now() + crash_backoff(inst.restarts) };
+            }
+        }
+    }
+
+    /// An adopted process is not our child: watch for it to go away.
+    fn watch_adopted(&self, instance: String, proc: Proc) {
+        let tx = self.events.0.clone();
+        tokio::spawn(async move {
+            while runtime::alive(proc.pid, proc.start_time) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let _ = tx.send(Event::Exited { instance, generation: proc.generation, status: "exited (adopted process)".into() });
+        });
+    }
+
+    /// SIGTERM to the instance's process group; SIGKILL after the grace period.
+    fn stop(&mut self, name: &str) {
+        let Some(inst) = self.instances.get_mut(name) else { return };
+        let Some(proc) = inst.proc else { return };
+        inst.phase = Phase::Stopping;
+        runtime::signal_group(proc.pid, libc::SIGTERM);
+        let grace = self.cfg.grace;
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if runtime::alive(proc.pid, proc.start_time) {
+                runtime::signal_group(proc.pid, libc::SIGKILL);
+            }
+        });
+    }
+
+    /// Starts the probes that are due.
+    fn probe(&mut self) {
+        let now = Instant::now();
+        for (name, inst) in &mut self.instances {
+            let Some(proc) = inst.proc.filter(|_| inst.phase == Phase::Running) else { continue };
+            for (p, run) in &mut inst.probes {
+                if run.in_flight || now < run.next {
+                    continue;
+                }
+                run.next = now + run.spec.interval;
+                let Ok(method) = run.spec.method.clone() else {
+                    run.healthy = Some(false);
+                    continue;
+                };
+                run.in_flight = true;
+                let (tx, instance, probe, host, port) = (self.events.0.clone(), name.clone(), p.clone(), self.cfg.address.clone(), inst.port);
+                tokio::spawn(async move {
+                    let healthy = probe::run(&method, &host, port).await;
+                    let _ = tx.send(Event::Probed { instance, generation: proc.generation, probe, healthy });
+                });
+            }
+        }
+    }
+
+    /// Everything the agent observes, as facts.
+    fn observed(&self, lease: i64) -> BTreeMap<ObservedKey, Fact> {
+        let node = &self.cfg.node;
+        let mut out = BTreeMap::new();
+        let mut put = |key: Result<ObservedKey, _>, value: String, leased: bool| {
+            // Names were checked (node, labels) or come from etcd keys that
+            // already matched a name pattern; a bad one is skipped, loudly.
+            match key {
+                Ok(k) => {
+                    out.insert(k, Fact { value, leased });
+                }
+                Err(e) => tracing::error!(error = %e, "not writing"),
+            }
+        };
+        put(ObservedKey::node(node, "cpu"), self.cfg.cpu.to_string(), false);
+        put(ObservedKey::node(node, "memory"), self.cfg.memory.to_string(), false);
+        put(ObservedKey::node(node, "address"), self.cfg.address.clone(), false);
+        for (k, v) in &self.cfg.labels {
+            put(ObservedKey::node(node, &format!("label/{k}")), v.clone(), false);
+        }
+        put(ObservedKey::node(node, "alive"), lease.to_string(), true);
+        // Only instances placed here: one that moved away is the new node's to report.
+        let placed = |name: &String| self.wanted.as_ref().is_some_and(|w| w.contains_key(name));
+        for (name, inst) in self.instances.iter().filter(|(name, _)| placed(name)) {
+            let mut field = |f: &str, v: String| put(ObservedKey::instance(name, f), v, true);
+            field("service", inst.service.clone());
+            field("node", node.clone());
+            field("state", inst.phase.name().into());
+            if let Some(image) = &inst.image {
+                field("image", image.clone());
+            }
+            field("restarts", inst.restarts.to_string());
+            match &inst.phase {
+                Phase::Crashed { exit, .. } => field("reason", exit.clone()),
+                Phase::Failed(why) => field("reason", why.clone()),
+                _ => {}
+            }
+            if inst.proc.is_some() {
+                field("ip", self.cfg.address.clone());
+                field("port", inst.port.to_string());
+            }
+            let health = match inst.probes.get("readiness") {
+                None => "none",
+                Some(ProbeRun { healthy: None, .. }) => "unknown",
+                Some(ProbeRun { healthy: Some(true), .. }) => "healthy",
+                Some(ProbeRun { healthy: Some(false), .. }) => "unhealthy",
+            };
+            field("health", health.into());
+            for (p, run) in &inst.probes {
+                if let Some(h) = run.healthy {
+                    put(ObservedKey::probe(name, p), if h { "healthy" } else { "unhealthy" }.into(), true);
+                }
+            }
+        }
+        // Persistent volumes outlive the agent; they are reported without the lease.
+        if let Some(wanted) = &self.wanted {
+            let sizes: BTreeMap<&str, Option<i64>> =
+                wanted.values().flat_map(|s| s.volumes.iter().filter(|(_, v)| v.persistent).map(|(n, v)| (n.as_str(), v.size_gib))).collect();
+            for v in self.state.persistent_volumes() {
+                put(ObservedKey::volume(&v, "node"), node.clone(), false);
+                if let Some(Some(size)) = sizes.get(v.as_str()) {
+                    put(ObservedKey::volume(&v, "size"), size.to_string(), false);
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes what changed since the last write. Deleting an instance's keys
+    /// is conditional on `observed/instance/I/node` still naming this node,
+    /// so an instance that moved keeps its new node's facts.
+    async fn publish(&mut self) {
+        let Some(lease) = self.conn.as_ref().map(|c| c.lease) else { return };
+        let want = self.observed(lease);
+        let mut conn = self.conn.take().expect("connected");
+        let mut puts = Vec::new();
+        for (k, f) in &want {
+            if self.written.get(k) != Some(f) {
+                puts.push((k.clone(), f.clone()));
+            }
+        }
+        let mut deletes: BTreeMap<String, Vec<ObservedKey>> = BTreeMap::new();
+        for k in self.written.keys().filter(|k| !want.contains_key(*k)) {
+            let owner = k.as_str().strip_prefix("observed/instance/").or(k.as_str().strip_prefix("observed/probe_state/")).and_then(|r| r.split('/').next());
+            deletes.entry(owner.unwrap_or("").to_string()).or_default().push(k.clone());
+        }
+        let result: Result<(), etcd_client::Error> = async {
+            for chunk in puts.chunks(TXN_OPS) {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|(k, f)| TxnOp::put(k.as_str(), f.value.as_str(), f.leased.then(|| PutOptions::new().with_lease(lease))))
+                    .collect();
+                conn.client.txn(Txn::new().and_then(ops)).await?;
+                for (k, f) in chunk {
+                    self.written.insert(k.clone(), f.clone());
+                }
+            }
+            for (owner, keys) in &deletes {
+                for chunk in keys.chunks(TXN_OPS) {
+                    let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.as_str(), None)).collect();
+                    let mut txn = Txn::new();
+                    if !owner.is_empty() {
+                        let node_key = format!("observed/instance/{owner}/node");
+                        // Ours if it names us, or if it is already gone.
+                        txn = txn.when([Compare::value(node_key.as_str(), CompareOp::Equal, self.cfg.node.as_str())]);
+                        let resp = conn.client.txn(txn.and_then(ops.clone())).await?;
+                        if !resp.succeeded() {
+                            // Owned by another node now, or the node key is gone: delete only what is not.
+                            let n = conn.client.get(node_key.as_str(), None).await?;
+                            if n.kvs().is_empty() {
+                                conn.client.txn(Txn::new().and_then(ops)).await?;
+                            }
+                        }
+                    } else {
+                        conn.client.txn(txn.and_then(ops)).await?;
+                    }
+                    for k in chunk {
+                        self.written.remove(k);
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        self.conn = Some(conn);
+        if let Err(e) = result {
+            self.lost(&format!("writing observed facts: {e}"));
+        }
+    }
+
+    /// SIGTERM: stop every instance (SIGKILL after the grace period), revoke
+    /// the lease (etcd deletes `alive` and the instance facts), exit.
+    async fn shutdown(mut self) -> Result<(), AgentError> {
+        tracing::info!(instances = self.instances.len(), "stopping");
+        let names: Vec<String> = self.instances.keys().cloned().collect();
+        for n in &names {
+            self.stop(n);
+        }
+        let deadline = Instant::now() + self.cfg.grace + Duration::from_secs(2);
+        while self.instances.values().any(|i| i.proc.is_some()) && Instant::now() < deadline {
+            match tokio::time::timeout_at(deadline, self.events.1.recv()).await {
+                Ok(Some(ev)) => self.on_event(ev),
+                _ => break,
+            }
+        }
+        for n in &names {
+            self.state.remove_instance(n)?;
+        }
+        if let Some(mut conn) = self.conn.take() {
+            match conn.client.lease_revoke(conn.lease).await {
+                Ok(_) => tracing::info!(lease = conn.lease, "lease revoked"),
+                Err(e) => tracing::warn!(error = %e, "cannot revoke the lease; it expires on its own"),
+            }
+        }
+        self.state.set_lease(None)?;
+        Ok(())
+    }
+}
+
+/// The next watch response: Ok(true) on events, Ok(false) when the stream
+/// ended; never resolves without a connection.
+async fn watch_message(conn: &mut Option<Conn>) -> Result<bool, etcd_client::Error> {
+    match conn {
+        Some(c) => match c.watch.message().await? {
+            Some(resp) if resp.canceled() => Ok(false),
+            Some(_) => Ok(true),
+            None => Ok(false),
+        },
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_backoff_doubles_and_caps() {
+        assert_eq!(crash_backoff(1), Duration::from_millis(500));
+        assert_eq!(crash_backoff(2), Duration::from_secs(1));
+        assert_eq!(crash_backoff(3), Duration::from_secs(2));
+        assert_eq!(crash_backoff(50), Duration::from_secs(16));
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["node-1", "a", "n1.zone_a"] {
+            assert!(is_name(ok), "{ok}");
+        }
+        for bad in ["", "Node", "-a", "a-", "a/b", &"x".repeat(64)] {
+            assert!(!is_name(bad), "{bad}");
+        }
+    }
+}

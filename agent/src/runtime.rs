@@ -1,0 +1,159 @@
+//! The `process` runtime: how an image becomes a child process.
+//!
+//! | image | runs |
+//! |---|---|
+//! | `builtin:http` | `ccattler serve-http --instance I`: a tiny HTTP server built into the binary |
+//! | `exec:<command>` | `sh -c <command>` |
+//!
+//! Any other image is refused (the instance's state says why). Each instance
+//! runs in its own process group, with a clean environment: `PATH`, `HOME`,
+//! `PORT` (a free port on the node's address), `HOST` (that address),
+//! `CCATTLER_INSTANCE`, `CCATTLER_SERVICE`, `CCATTLER_NODE`, one variable per
+//! config entry (`KEY=value`), one per granted secret
+//! (`SECRET_<NAME>=value`), and one per volume
+//! (`VOLUME_<NAME>=<directory>`, with the service's mount path in
+//! `VOLUME_<NAME>_MOUNT`). Output goes to `<state-dir>/instances/I/log`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What to run for one instance: everything that, when it changes, restarts it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Launch {
+    pub image: String,
+    pub config: BTreeMap<String, String>,
+    pub secrets: BTreeMap<String, String>,
+    /// volume → (host directory, mount path)
+    pub volumes: BTreeMap<String, (PathBuf, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("image {0:?} is not supported by the process runtime (use builtin:http or exec:<command>)")]
+    Image(String),
+    #[error("cannot start {instance}: {source}")]
+    Spawn { instance: String, source: std::io::Error },
+}
+
+/// The program and arguments for an image.
+pub fn command_for(image: &str, instance: &str) -> Result<(PathBuf, Vec<String>), RuntimeError> {
+    if image == "builtin:http" {
+        let exe = std::env::current_exe().map_err(|source| RuntimeError::Spawn { instance: instance.into(), source })?;
+        return Ok((exe, vec!["serve-http".into(), "--instance".into(), instance.into()]));
+    }
+    if let Some(cmd) = image.strip_prefix("exec:").filter(|c| !c.trim().is_empty()) {
+        return Ok((PathBuf::from("/bin/sh"), vec!["-c".into(), cmd.into()]));
+    }
+    Err(RuntimeError::Image(image.into()))
+}
+
+/// An environment variable name for a config key, secret or volume name.
+pub fn env_name(prefix: &str, name: &str) -> String {
+    let upper: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+    format!("{prefix}{upper}")
+}
+
+pub struct Identity<'a> {
+    pub instance: &'a str,
+    pub service: &'a str,
+    pub node: &'a str,
+    pub host: &'a str,
+    pub port: u16,
+}
+
+/// Starts an instance in its own process group.
+pub fn spawn(id: &Identity, launch: &Launch, log: &Path) -> Result<tokio::process::Child, RuntimeError> {
+    let err = |source| RuntimeError::Spawn { instance: id.instance.into(), source };
+    let (program, args) = command_for(&launch.image, id.instance)?;
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(err)?;
+    let errout = out.try_clone().map_err(err)?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).env_clear();
+    for var in ["PATH", "HOME", "CCATTLER_LOG"] {
+        if let Ok(v) = std::env::var(var) {
+            cmd.env(var, v);
+        }
+    }
+    for (k, v) in &launch.config {
+        cmd.env(k, v);
+    }
+    for (k, v) in &launch.secrets {
+        cmd.env(env_name("SECRET_", k), v);
+    }
+    for (v, (dir, mount)) in &launch.volumes {
+        cmd.env(env_name("VOLUME_", v), dir);
+        cmd.env(format!("{}_MOUNT", env_name("VOLUME_", v)), mount);
+    }
+    cmd.env("PORT", id.port.to_string())
+        .env("HOST", id.host)
+        .env("CCATTLER_INSTANCE", id.instance)
+        .env("CCATTLER_SERVICE", id.service)
+        .env("CCATTLER_NODE", id.node)
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(errout)
+        .process_group(0)
+        .kill_on_drop(false);
+    cmd.spawn().map_err(err)
+}
+
+/// A free TCP port on `host` (the instance binds it right after).
+pub fn free_port(host: &str) -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
+}
+
+/// The kernel's start time of a process (clock ticks since boot), which
+/// tells a live process from a later one that reused its pid.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; fields resume after ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    if fields.first() == Some(&"Z") {
+        return None; // exited, not yet reaped
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Whether `pid` is still the process that started at `started`.
+pub fn alive(pid: u32, started: u64) -> bool {
+    start_time(pid) == Some(started)
+}
+
+/// Signals an instance's whole process group.
+pub fn signal_group(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) with a negative pid signals a process group; no memory is shared.
+    unsafe {
+        libc::kill(-(pid as libc::pid_t), signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_map_to_commands() {
+        let (exe, args) = command_for("builtin:http", "web-0").unwrap();
+        assert!(exe.is_absolute());
+        assert_eq!(args, ["serve-http", "--instance", "web-0"]);
+        assert_eq!(command_for("exec:sleep 5", "x").unwrap(), (PathBuf::from("/bin/sh"), vec!["-c".into(), "sleep 5".into()]));
+        assert!(matches!(command_for("nginx:1.28", "x"), Err(RuntimeError::Image(i)) if i == "nginx:1.28"));
+        assert!(command_for("exec: ", "x").is_err());
+    }
+
+    #[test]
+    fn env_names() {
+        assert_eq!(env_name("SECRET_", "db-pass"), "SECRET_DB_PASS");
+        assert_eq!(env_name("VOLUME_", "data.v1"), "VOLUME_DATA_V1");
+    }
+
+    #[test]
+    fn start_time_of_self_and_of_nothing() {
+        let me = std::process::id();
+        let t = start_time(me).expect("own start time");
+        assert!(alive(me, t));
+        assert!(!alive(me, t + 1));
+        assert_eq!(start_time(u32::MAX - 1), None);
+    }
+}

@@ -1,0 +1,419 @@
+//! The live cluster: the real etcd from `scripts/test`, a real controller,
+//! three real `ccattler agent` processes (lease TTL 3 s), and real instance
+//! processes (`builtin:http`) answering real HTTP.
+
+mod common;
+use common::*;
+use etcd_client::{Client, EventType, WatchOptions};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TTL: u64 = 3;
+
+/// A `ccattler agent` child process; on drop it is killed, and so is every
+/// instance its state dir says it started (also after a kill -9).
+struct Agent {
+    child: Option<Child>,
+    node: String,
+    address: String,
+    args: Vec<String>,
+    state_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(root: &Path, n: usize, cpu: i64, memory: i64, labels: &[&str]) -> Agent {
+        let node = format!("node-{n}");
+        let address = format!("127.0.0.{}", 10 + n);
+        let state_dir = root.join(&node);
+        let mut args: Vec<String> = ["agent", "--node", &node, "--address", &address, "--ttl", &TTL.to_string(), "--grace", "2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(["--cpu".into(), cpu.to_string(), "--memory".into(), memory.to_string()]);
+        args.extend(["--state-dir".into(), state_dir.display().to_string(), "--etcd".into(), etcd_url()]);
+        for l in labels {
+            args.extend(["--label".into(), l.to_string()]);
+        }
+        let log = root.join(format!("{node}.log"));
+        let mut a = Agent { child: None, node, address, args, state_dir, log };
+        a.spawn();
+        a
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ccattler")).args(&self.args).stdout(Stdio::null()).stderr(log).spawn().expect("start agent");
+        self.child = Some(child);
+    }
+
+    fn kill_9(&mut self) {
+        let mut c = self.child.take().expect("running");
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// SIGTERM; the exit status.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        assert!(Command::new("kill").args(["-TERM", &c.id().to_string()]).status().unwrap().success());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "agent did not stop on SIGTERM:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for pid in recorded_pids(&self.state_dir) {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
+    }
+}
+
+/// Pids in an agent's instance records.
+fn recorded_pids(state_dir: &Path) -> Vec<u32> {
+    let Ok(dirs) = std::fs::read_dir(state_dir.join("instances")) else { return vec![] };
+    dirs.flatten()
+        .filter_map(|d| std::fs::read(d.path().join("record.json")).ok())
+        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()?["pid"].as_u64())
+        .map(|p| p as u32)
+        .collect()
+}
+
+/// Live `ccattler serve-http --instance I` processes, by instance.
+fn instance_processes() -> BTreeMap<String, Vec<u32>> {
+    let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> = cmd.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        if args.len() >= 4 && args[0] == env!("CARGO_BIN_EXE_ccattler") && args[1] == "serve-http" && args[2] == "--instance" {
+            out.entry(args[3].clone()).or_default().push(pid);
+        }
+    }
+    out
+}
+
+fn processes_of(service: &str) -> BTreeMap<String, Vec<u32>> {
+    instance_processes().into_iter().filter(|(i, _)| i.rsplit_once('-').is_some_and(|(s, _)| s == service)).collect()
+}
+
+/// `GET /` on `address`: the body, if it answers 200.
+fn http_get(address: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(address).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let (head, body) = resp.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?;
+    (status == "200").then(|| body.to_string())
+}
+
+async fn endpoints(etcd: &mut Client, service: &str) -> BTreeMap<String, String> {
+    let p = format!("endpoint/service/{service}/");
+    keys(etcd, &p).await.into_iter().map(|(k, v)| (k[p.len()..].to_string(), v)).collect()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cluster-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+async fn put_facts(etcd: &mut Client, facts: &[(&str, &str)]) {
+    for (k, v) in facts {
+        etcd.put(*k, *v, None).await.unwrap();
+    }
+}
+
+/// Watches every revision from `from` on and records each one at which a
+/// node's placed cpu or memory exceeds its capacity.
+fn watch_capacity(etcd: &Client, from: i64, requests: BTreeMap<&'static str, (i64, i64)>) -> Arc<Mutex<Vec<String>>> {
+    let violations = Arc::new(Mutex::new(Vec::new()));
+    let (mut etcd, out) = (etcd.clone(), violations.clone());
+    tokio::spawn(async move {
+        let (_w, mut stream) = etcd.watch("", Some(WatchOptions::new().with_prefix().with_start_revision(from))).await.unwrap();
+        let mut held: BTreeMap<String, String> = BTreeMap::new();
+        while let Ok(Some(resp)) = stream.message().await {
+            let mut by_rev: BTreeMap<i64, Vec<(String, Option<String>)>> = BTreeMap::new();
+            for ev in resp.events() {
+                let kv = ev.kv().unwrap();
+                let v = (ev.event_type() == EventType::Put).then(|| kv.value_str().unwrap().to_string());
+                by_rev.entry(kv.mod_revision()).or_default().push((kv.key_str().unwrap().to_string(), v));
+            }
+            for (rev, changes) in by_rev {
+                for (k, v) in changes {
+                    match v {
+                        Some(v) => held.insert(k, v),
+                        None => held.remove(&k),
+                    };
+                }
+                let mut used: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+                for (k, n) in held.range("placement/instance/".to_string()..) {
+                    let Some(i) = k.strip_prefix("placement/instance/") else { break };
+                    let service = i.rsplit_once('-').unwrap().0;
+                    let (c, m) = requests[service];
+                    let u = used.entry(n.as_str()).or_default();
+                    *u = (u.0 + c, u.1 + m);
+                }
+                for (n, (c, m)) in used {
+                    let cap = |f: &str| held.get(&format!("observed/node/{n}/{f}")).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+                    if c > cap("cpu") || m > cap("memory") {
+                        out.lock().unwrap().push(format!("revision {rev}: {n} holds cpu {c}/{} memory {m}/{}", cap("cpu"), cap("memory")));
+                    }
+                }
+            }
+        }
+    });
+    violations
+}
+
+const T: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_0_6_2_then_kill_9_a_node_and_its_instances_move_without_overcommit() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("scale");
+    let start = revision(&mut etcd).await;
+    let violations = watch_capacity(&etcd, start + 1, BTreeMap::from([("web", (500, 256))]));
+    let _c = Controller::start("scale", &shipped_rules());
+    // Capacity for exactly two web instances per node.
+    let mut agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 1000, 2048, &[])).collect();
+    put_facts(
+        &mut etcd,
+        &[
+            ("desired/service/web/image", "builtin:http"),
+            ("desired/service/web/cpu", "500"),
+            ("desired/service/web/memory", "256"),
+            ("desired/probe/web/readiness/method", "http:/healthz"),
+            ("intent/user/service/web/instances", "0"),
+        ],
+    )
+    .await;
+    wait_for("three ready nodes", T, || {
+        let mut e = etcd.clone();
+        async move { keys(&mut e, "effective/node/").await.iter().filter(|(_, v)| v == "ready").count() == 3 }
+    })
+    .await;
+    assert!(processes_of("web").is_empty());
+
+    etcd.put("intent/user/service/web/instances", "6", None).await.unwrap();
+    wait_for("six endpoints that answer HTTP", T, || {
+        let mut e = etcd.clone();
+        async move {
+            let eps = endpoints(&mut e, "web").await;
+            eps.len() == 6 && eps.iter().all(|(i, addr)| http_get(addr).is_some_and(|b| b.starts_with(&format!("{i} of web on node-"))))
+        }
+    })
+    .await;
+    let procs = processes_of("web");
+    assert_eq!(procs.len(), 6, "{procs:?}");
+    assert!(procs.values().all(|p| p.len() == 1), "one process per instance: {procs:?}");
+
+    etcd.put("intent/user/service/web/instances", "2", None).await.unwrap();
+    wait_for("scaled down to web-0 and web-1, processes and endpoints", T, || {
+        let mut e = etcd.clone();
+        async move {
+            let eps = endpoints(&mut e, "web").await;
+            eps.keys().map(String::as_str).collect::<Vec<_>>() == ["web-0", "web-1"]
+                && processes_of("web").keys().map(String::as_str).collect::<Vec<_>>() == ["web-0", "web-1"]
+        }
+    })
+    .await;
+    let gone = keys(&mut etcd, "observed/instance/web-2/").await;
+    assert!(gone.is_empty(), "a stopped instance's observed facts go: {gone:?}");
+
+    // kill -9 the node running web-0: it moves within TTL + 2 s and serves again.
+    let victim = get(&mut etcd, "placement/instance/web-0").await.unwrap();
+    let idx = agents.iter().position(|a| a.node == victim).unwrap();
+    let killed_at = Instant::now();
+    agents[idx].kill_9();
+    wait_for("web-0 placed on another node", Duration::from_secs(TTL + 2), || {
+        let mut e = etcd.clone();
+        let victim = victim.clone();
+        async move { get(&mut e, "placement/instance/web-0").await.is_some_and(|n| n != victim) }
+    })
+    .await;
+    let moved_after = killed_at.elapsed();
+    let target = get(&mut etcd, "placement/instance/web-0").await.unwrap();
+    let target_addr = agents.iter().find(|a| a.node == target).unwrap().address.clone();
+    wait_for("web-0's endpoint on its new node answers", T, || {
+        let mut e = etcd.clone();
+        let prefix = format!("{target_addr}:");
+        let on = format!("on {target}");
+        async move {
+            let eps = endpoints(&mut e, "web").await;
+            eps.get("web-0").is_some_and(|a| a.starts_with(&prefix) && http_get(a).is_some_and(|b| b.contains(&on)))
+        }
+    })
+    .await;
+    eprintln!("web-0 re-placed {moved_after:?} after kill -9 of {victim}");
+    assert_eq!(get(&mut etcd, &format!("effective/node/{victim}/state")).await.as_deref(), Some("unreachable"));
+
+    // The killed agent comes back over its state dir: the orphaned web-0 it
+    // left running is stopped, and no instance ever runs twice.
+    agents[idx].spawn();
+    wait_for("one process per instance after the restart", T, || async {
+        let p = processes_of("web");
+        p.keys().map(String::as_str).collect::<Vec<_>>() == ["web-0", "web-1"] && p.values().all(|v| v.len() == 1)
+    })
+    .await;
+    wait_for("the node is ready again", T, || {
+        let mut e = etcd.clone();
+        let victim = victim.clone();
+        async move { get(&mut e, &format!("effective/node/{victim}/state")).await.as_deref() == Some("ready") }
+    })
+    .await;
+    // Coming back does not pull web-0 back.
+    assert_eq!(get(&mut etcd, "placement/instance/web-0").await, Some(target));
+    for a in &mut agents {
+        assert!(a.terminate().success());
+    }
+    assert!(processes_of("web").is_empty(), "SIGTERM stops every instance");
+    let v = violations.lock().unwrap().clone();
+    assert!(v.is_empty(), "overcommitted: {v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("spec");
+    let _c = Controller::start("spec", &shipped_rules());
+    let _agents: Vec<Agent> = [(1, "zone=a"), (2, "zone=a"), (3, "zone=b")].iter().map(|(n, l)| Agent::start(&root, *n, 4000, 8192, &[l])).collect();
+    put_facts(
+        &mut etcd,
+        &[
+            // zone b only, with config, a granted secret and a persistent volume.
+            ("desired/service/db/image", "builtin:http"),
+            ("desired/service/db/selector/zone", "b"),
+            ("desired/config/db/LOG_LEVEL", "debug"),
+            ("desired/secret/db-pass", ""),
+            ("secret/db-pass", "s3cret"),
+            ("desired/secret_grant/db/db-pass", ""),
+            ("desired/volume/data/size", "1"),
+            ("desired/volume/data/persistent", "true"),
+            ("desired/service/db/volume/data", "/var/lib/db"),
+            ("intent/user/service/db/instances", "2"),
+            // A readiness probe that fails: running, but no endpoint.
+            ("desired/service/gated/image", "builtin:http"),
+            ("desired/probe/gated/readiness/method", "http:/missing"),
+            ("intent/user/service/gated/instances", "1"),
+        ],
+    )
+    .await;
+    wait_for("db's two endpoints", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "db").await.len() == 2 }
+    })
+    .await;
+    for i in ["db-0", "db-1"] {
+        assert_eq!(get(&mut etcd, &format!("placement/instance/{i}")).await.as_deref(), Some("node-3"), "the selector keeps {i} on zone b");
+    }
+    // The instance's environment: port, config, secret, volume.
+    let pid = processes_of("db")["db-0"][0];
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let env: BTreeMap<String, String> = environ
+        .split(|b| *b == 0)
+        .filter_map(|kv| String::from_utf8_lossy(kv).split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect();
+    assert_eq!(env["LOG_LEVEL"], "debug");
+    assert_eq!(env["SECRET_DB_PASS"], "s3cret");
+    assert_eq!(env["VOLUME_DATA_MOUNT"], "/var/lib/db");
+    assert!(Path::new(&env["VOLUME_DATA"]).is_dir());
+    assert!(env["VOLUME_DATA"].starts_with(root.join("node-3").to_str().unwrap()));
+    let port = get(&mut etcd, "observed/instance/db-0/port").await.unwrap();
+    assert_eq!(env["PORT"], port);
+    assert_eq!(get(&mut etcd, "observed/volume/data/node").await.as_deref(), Some("node-3"));
+    assert_eq!(get(&mut etcd, "effective/volume/data/node").await.as_deref(), Some("node-3"));
+
+    wait_for("gated runs but is unhealthy", T, || {
+        let mut e = etcd.clone();
+        async move {
+            get(&mut e, "observed/instance/gated-0/state").await.as_deref() == Some("running")
+                && get(&mut e, "observed/probe_state/gated-0/readiness").await.as_deref() == Some("unhealthy")
+        }
+    })
+    .await;
+    assert!(endpoints(&mut etcd, "gated").await.is_empty(), "no endpoint while the readiness probe fails");
+    let before = processes_of("gated");
+    // A working probe: the endpoint appears, without restarting the instance.
+    etcd.put("desired/probe/gated/readiness/method", "tcp", None).await.unwrap();
+    wait_for("gated's endpoint once its probe passes", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "gated").await.len() == 1 }
+    })
+    .await;
+    assert_eq!(processes_of("gated"), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_instance_restarts() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("adopt");
+    let _c = Controller::start("adopt", &shipped_rules());
+    let mut agent = Agent::start(&root, 1, 4000, 8192, &[]);
+    put_facts(&mut etcd, &[("desired/service/app/image", "builtin:http"), ("intent/user/service/app/instances", "2")]).await;
+    wait_for("two endpoints", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "app").await.len() == 2 }
+    })
+    .await;
+    let before = processes_of("app");
+    let lease = get(&mut etcd, "observed/node/node-1/alive").await.unwrap();
+
+    // Killed and restarted within the TTL: same lease, same processes.
+    agent.kill_9();
+    agent.spawn();
+    wait_for("the restarted agent keeps its lease and reports its instances", T, || {
+        let mut e = etcd.clone();
+        let log = agent.log.clone();
+        async move {
+            std::fs::read_to_string(&log).unwrap_or_default().matches("registered with etcd").count() == 2
+                && get(&mut e, "observed/instance/app-0/state").await.as_deref() == Some("running")
+        }
+    })
+    .await;
+    assert_eq!(get(&mut etcd, "observed/node/node-1/alive").await, Some(lease), "the lease was reused");
+    assert_eq!(processes_of("app"), before, "adopted, not restarted or duplicated");
+
+    // An instance that dies is started again, and says so.
+    let pid = before["app-1"][0];
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    wait_for("app-1 restarted", T, || {
+        let mut e = etcd.clone();
+        async move {
+            let p = processes_of("app");
+            p.get("app-1").is_some_and(|v| v.len() == 1 && v[0] != pid)
+                && get(&mut e, "observed/instance/app-1/restarts").await.as_deref() == Some("1")
+                && get(&mut e, "observed/instance/app-1/state").await.as_deref() == Some("running")
+        }
+    })
+    .await;
+
+    // SIGTERM: instances stopped, lease revoked at once (not after the TTL).
+    assert!(agent.terminate().success());
+    assert!(processes_of("app").is_empty());
+    assert_eq!(get(&mut etcd, "observed/node/node-1/alive").await, None);
+    assert!(keys(&mut etcd, "observed/instance/").await.is_empty());
+    let left: BTreeSet<String> = std::fs::read_dir(root.join("node-1/instances")).unwrap().flatten().map(|d| d.file_name().to_string_lossy().into_owned()).collect();
+    assert!(left.is_empty(), "instance dirs removed: {left:?}");
+}
