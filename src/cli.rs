@@ -139,6 +139,9 @@ enum Command {
     Apply {
         /// Facts file: one `KEY = VALUE` a line.
         file: PathBuf,
+        /// Write as another intent writer (e.g. `autoscaler`): only `intent/<writer>/`.
+        #[arg(long, default_value = "user")]
+        writer: String,
         #[command(flatten)]
         etcd: EtcdArgs,
     },
@@ -242,7 +245,7 @@ pub fn main() -> ExitCode {
         }
         Command::ServeHttp { instance } => serve_http(instance),
         Command::Plan { etcd, rules } => plan(&etcd, &rules),
-        Command::Apply { file, etcd } => apply(&file, &etcd),
+        Command::Apply { file, writer, etcd } => apply(&file, &writer, &etcd),
         Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
         Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
         Command::Test { paths, rules, run, format } => test(paths, &rules, run.as_deref(), format),
@@ -445,22 +448,34 @@ fn plan(etcd: &EtcdArgs, rules: &std::path::Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prefixes a user may write with `apply` (DESIGN §6).
-const USER_PREFIXES: [&str; 2] = ["desired/", "intent/user/"];
+/// Prefixes a writer may write with `apply` (DESIGN §6): the user writes
+/// `desired/` and `intent/user/`; any other writer only its own `intent/<writer>/`.
+fn writer_prefixes(writer: &str) -> Vec<String> {
+    if writer == "user" {
+        vec!["desired/".into(), "intent/user/".into()]
+    } else {
+        vec![format!("intent/{writer}/")]
+    }
+}
 
-fn apply(file: &std::path::Path, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
+fn apply(file: &std::path::Path, writer: &str, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
+    if !ccattler_parser::pattern::is_valid_name(writer) {
+        return Ok(usage_error(anyhow::anyhow!("--writer {writer:?} is not a name")));
+    }
+    let prefixes = writer_prefixes(writer);
+    let allowed = prefixes.join(" or ");
     let facts = read_facts(file)?;
     // Everything is checked before anything is written.
     let refused: Vec<String> = facts
         .iter()
-        .filter(|f| !USER_PREFIXES.iter().any(|p| f.key.starts_with(p)))
-        .map(|f| format!("{}:{}: {} is not under desired/ or intent/user/", file.display(), f.line, f.key))
+        .filter(|f| !prefixes.iter().any(|p| f.key.starts_with(p.as_str())))
+        .map(|f| format!("{}:{}: {} is not under {allowed}", file.display(), f.line, f.key))
         .collect();
     if !refused.is_empty() {
         for r in &refused {
             eprintln!("error: {r}");
         }
-        eprintln!("nothing written: users may write only desired/ and intent/user/");
+        eprintln!("nothing written: writer {writer} may write only {allowed}");
         return Ok(ExitCode::from(1));
     }
     let cfg = etcd.config()?;

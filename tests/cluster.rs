@@ -27,6 +27,10 @@ struct Agent {
 
 impl Agent {
     fn start(root: &Path, n: usize, cpu: i64, memory: i64, labels: &[&str]) -> Agent {
+        Agent::start_on(&etcd_url(), root, n, cpu, memory, labels)
+    }
+
+    fn start_on(etcd: &str, root: &Path, n: usize, cpu: i64, memory: i64, labels: &[&str]) -> Agent {
         let node = format!("node-{n}");
         let address = format!("127.0.0.{}", 10 + n);
         let state_dir = root.join(&node);
@@ -35,7 +39,7 @@ impl Agent {
             .map(|s| s.to_string())
             .collect();
         args.extend(["--cpu".into(), cpu.to_string(), "--memory".into(), memory.to_string()]);
-        args.extend(["--state-dir".into(), state_dir.display().to_string(), "--etcd".into(), etcd_url()]);
+        args.extend(["--state-dir".into(), state_dir.display().to_string(), "--etcd".into(), etcd.to_string()]);
         for l in labels {
             args.extend(["--label".into(), l.to_string()]);
         }
@@ -392,7 +396,7 @@ async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_inst
         }
     })
     .await;
-    assert_eq!(get(&mut etcd, "observed/node/node-1/alive").await, Some(lease), "the lease was reused");
+    assert_eq!(get(&mut etcd, "observed/node/node-1/alive").await, Some(lease.clone()), "the lease was reused");
     assert_eq!(processes_of("app"), before, "adopted, not restarted or duplicated");
 
     // An instance that dies is started again, and says so.
@@ -409,6 +413,23 @@ async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_inst
     })
     .await;
 
+    // The lease is lost (revoked here, as if it had expired): the agent takes
+    // a new one and registers again. Meanwhile the node was unreachable, so
+    // the controller may have taken its instances away and given them back.
+    etcd.lease_revoke(lease.parse().unwrap()).await.unwrap();
+    wait_for("re-registered under a new lease with its instances", T, || {
+        let mut e = etcd.clone();
+        let old = lease.clone();
+        async move {
+            get(&mut e, "observed/node/node-1/alive").await.is_some_and(|l| l != old)
+                && get(&mut e, "observed/instance/app-1/state").await.as_deref() == Some("running")
+                && get(&mut e, "observed/probe_state/app-1/readiness").await.is_none()
+                && endpoints(&mut e, "app").await.len() == 2
+        }
+    })
+    .await;
+    assert!(processes_of("app").values().all(|p| p.len() == 1));
+
     // SIGTERM: instances stopped, lease revoked at once (not after the TTL).
     assert!(agent.terminate().success());
     assert!(processes_of("app").is_empty());
@@ -416,4 +437,47 @@ async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_inst
     assert!(keys(&mut etcd, "observed/instance/").await.is_empty());
     let left: BTreeSet<String> = std::fs::read_dir(root.join("node-1/instances")).unwrap().flatten().map(|d| d.file_name().to_string_lossy().into_owned()).collect();
     assert!(left.is_empty(), "instance dirs removed: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_keep_running_while_etcd_is_down_and_the_agent_reconnects() {
+    let _serial = serial();
+    let root = scratch("outage");
+    std::fs::create_dir_all(root.join("etcd")).unwrap();
+    let etcd = PrivateEtcd::start(root.join("etcd"), free_port(), free_port());
+    let mut client = etcd.client().await;
+    // No controller: placements are written by hand, as the controller would.
+    let mut agent = Agent::start_on(&etcd.url(), &root, 1, 1000, 1000, &[]);
+    for (k, v) in [("effective/service/solo/image", "builtin:http"), ("placement/node/node-1/solo-0", "solo")] {
+        client.put(k, v, None).await.unwrap();
+    }
+    wait_for("solo-0 runs", T, || {
+        let mut e = client.clone();
+        async move { get(&mut e, "observed/instance/solo-0/state").await.as_deref() == Some("running") }
+    })
+    .await;
+    let before = processes_of("solo");
+    let etcd = {
+        let mut etcd = etcd;
+        let _ = etcd.child.kill();
+        let _ = etcd.child.wait();
+        wait_for("the agent notices etcd is gone", T, || async {
+            std::fs::read_to_string(&agent.log).unwrap_or_default().contains("lost etcd")
+        })
+        .await;
+        assert_eq!(processes_of("solo"), before, "instances keep running without etcd");
+        etcd.restart()
+    };
+    let mut client = etcd.client().await;
+    // A change made while the agent reconnects is acted on.
+    client.put("placement/node/node-1/solo-1", "solo", None).await.unwrap();
+    wait_for("reconnected; solo-1 runs too", T, || {
+        let mut e = client.clone();
+        async move { get(&mut e, "observed/instance/solo-1/state").await.as_deref() == Some("running") }
+    })
+    .await;
+    assert_eq!(processes_of("solo")["solo-0"], before["solo-0"]);
+    assert!(get(&mut client, "observed/node/node-1/alive").await.is_some());
+    assert!(agent.terminate().success());
+    assert!(processes_of("solo").is_empty());
 }

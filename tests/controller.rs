@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use etcd_client::{Client, GetOptions};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -236,59 +236,6 @@ async fn kill_9_during_a_large_write_back_then_restart_converges_and_never_overw
 
 /// A private etcd for the one test that must stop and restart it (the shared
 /// one from scripts/test cannot be restarted under the other tests).
-struct PrivateEtcd {
-    child: Child,
-    dir: PathBuf,
-    client_port: u16,
-    peer_port: u16,
-}
-
-impl PrivateEtcd {
-    fn start(dir: PathBuf, client_port: u16, peer_port: u16) -> PrivateEtcd {
-        let url = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let child = Command::new("etcd")
-            .args(["--name", "private", "--data-dir", dir.join("data").to_str().unwrap()])
-            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("private={peer}")])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
-            .spawn()
-            .expect("start etcd");
-        PrivateEtcd { child, dir, client_port, peer_port }
-    }
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
-    }
-    async fn client(&self) -> Client {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut c) = Client::connect([self.url()], None).await {
-                if c.get("x", None).await.is_ok() {
-                    return c;
-                }
-            }
-            assert!(Instant::now() < deadline, "private etcd did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    fn restart(mut self) -> PrivateEtcd {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let (dir, c, p) = (self.dir.clone(), self.client_port, self.peer_port);
-        std::mem::forget(self);
-        PrivateEtcd::start(dir, c, p)
-    }
-}
-
-impl Drop for PrivateEtcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn http_status(port: u16, path: &str) -> Option<u16> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
@@ -512,6 +459,16 @@ async fn apply_writes_user_facts_only_and_get_reads_them() {
     assert!(err.contains("bad.facts:3: intent/autoscaler/service/web/instances"), "{err}");
     assert_eq!(revision(&mut etcd).await, before, "a refused file writes nothing");
     assert_eq!(get(&mut etcd, "intent/user/service/web/instances").await.as_deref(), Some("3"));
+
+    // Another writer writes only its own intent prefix.
+    let auto = dir.join("auto.facts");
+    std::fs::write(&auto, "intent/autoscaler/service/web/instances = 5\n").unwrap();
+    let out = ccattler(&["apply", auto.to_str().unwrap(), "--writer", "autoscaler", "--etcd", &etcd_url()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ccattler(&["apply", good.to_str().unwrap(), "--writer", "autoscaler", "--etcd", &etcd_url()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("good.facts:1: desired/service/web/image is not under intent/autoscaler/"));
+    etcd.delete("intent/autoscaler/service/web/instances", None).await.unwrap();
 
     let out = ccattler(&["get", "desired/", "--etcd", &etcd_url()]);
     assert_eq!(

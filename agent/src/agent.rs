@@ -8,6 +8,7 @@
 //! it lives, and otherwise takes a new one and registers again.
 
 use crate::keys::ObservedKey;
+use ccattler_parser::pattern::is_valid_name as is_name;
 use crate::probe;
 use crate::runtime::{self, Identity, Launch};
 use crate::spec::{self, InstanceSpec};
@@ -169,11 +170,6 @@ impl AgentConfig {
     }
 }
 
-fn is_name(s: &str) -> bool {
-    let ok_inner = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-');
-    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    !s.is_empty() && s.len() <= 63 && s.chars().all(ok_inner) && edge(s.chars().next()) && edge(s.chars().last())
-}
 
 impl Agent {
     /// Opens the state dir and adopts the instances a previous run left
@@ -784,15 +780,5 @@ mod tests {
         assert_eq!(crash_backoff(2), Duration::from_secs(1));
         assert_eq!(crash_backoff(3), Duration::from_secs(2));
         assert_eq!(crash_backoff(50), Duration::from_secs(16));
-    }
-
-    #[test]
-    fn names() {
-        for ok in ["node-1", "a", "n1.zone_a"] {
-            assert!(is_name(ok), "{ok}");
-        }
-        for bad in ["", "Node", "-a", "a-", "a/b", &"x".repeat(64)] {
-            assert!(!is_name(bad), "{bad}");
-        }
     }
 }

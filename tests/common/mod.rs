@@ -136,3 +136,57 @@ pub async fn settled(c: &Controller, etcd: &mut Client, within: Duration) {
 }
 
 pub const T: Duration = Duration::from_secs(15);
+
+/// An etcd of a test's own, for tests that stop or restart it.
+pub struct PrivateEtcd {
+    pub child: Child,
+    pub dir: PathBuf,
+    pub client_port: u16,
+    pub peer_port: u16,
+}
+
+impl PrivateEtcd {
+    pub fn start(dir: PathBuf, client_port: u16, peer_port: u16) -> PrivateEtcd {
+        let url = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let child = Command::new("etcd")
+            .args(["--name", "private", "--data-dir", dir.join("data").to_str().unwrap()])
+            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("private={peer}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
+            .spawn()
+            .expect("start etcd");
+        PrivateEtcd { child, dir, client_port, peer_port }
+    }
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+    pub async fn client(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = Client::connect([self.url()], None).await {
+                if c.get("x", None).await.is_ok() {
+                    return c;
+                }
+            }
+            assert!(Instant::now() < deadline, "private etcd did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    pub fn restart(mut self) -> PrivateEtcd {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (dir, c, p) = (self.dir.clone(), self.client_port, self.peer_port);
+        std::mem::forget(self);
+        PrivateEtcd::start(dir, c, p)
+    }
+}
+
+impl Drop for PrivateEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
