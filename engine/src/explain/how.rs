@@ -1,0 +1,283 @@
+//! Derivation trees. For a fact the engine holds, every rule that can derive
+//! it is matched with the fact's values fixed; the derivation shown is one of
+//! least height (so recursion always bottoms out), the others are counted.
+
+use super::matcher::{self, Binding, Evidence, Match};
+use super::{fact_text, row_text, value_text, Contribution, Db, Node, Options, Premise, RuleRef};
+use crate::plan::{CHead, RulePlan};
+use crate::value::{Row, Value};
+use ccattler_parser::program::{Builtin, RelId};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Derivations looked at per fact (more are counted up to this, not shown).
+pub const LIMIT: usize = 1000;
+/// Contributions of one aggregate shown.
+pub const SHOWN_CONTRIBUTIONS: usize = 200;
+
+type Fact = (RelId, Row);
+
+pub struct Prover<'d, 'a> {
+    db: &'d Db<'a>,
+    plans: Vec<RulePlan>,
+    opts: Options,
+    /// Least proof height of facts whose height is known.
+    heights: HashMap<Fact, Option<usize>>,
+    in_progress: HashSet<Fact>,
+    /// Derived facts already shown in the current tree.
+    shown: HashSet<Fact>,
+}
+
+/// One way to derive a fact: the rule's plan index and the body match (for
+/// an aggregate, every match of the group).
+#[derive(Clone)]
+struct Derivation {
+    plan: usize,
+    matches: Vec<Match>,
+}
+
+impl<'d, 'a> Prover<'d, 'a> {
+    pub fn new(db: &'d Db<'a>, opts: Options) -> Self {
+        Prover { db, plans: crate::plan::plan(db.program), opts, heights: HashMap::new(), in_progress: HashSet::new(), shown: HashSet::new() }
+    }
+
+    /// The derivation tree of a fact the engine holds.
+    pub fn prove(&mut self, rel: RelId, row: &[Value]) -> Result<Node, String> {
+        self.shown.clear();
+        self.node(rel, row, 0)
+    }
+
+    /// All derivations of a derived fact (at most LIMIT).
+    fn derivations(&self, rel: RelId, row: &[Value]) -> Result<Vec<Derivation>, String> {
+        let target: Vec<Option<Value>> = row.iter().copied().map(Some).collect();
+        let mut out = Vec::new();
+        for (pi, plan) in self.plans.iter().enumerate().filter(|(_, p)| p.head == rel) {
+            if plan.has_aggregate() {
+                // The group: the plain head terms are fixed, the aggregates are what the group gives.
+                let group_target: Vec<Option<Value>> =
+                    plan.head_terms.iter().zip(&target).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { *v }).collect();
+                let Some(start) = matcher::head_binding(plan, &group_target) else { continue };
+                let ms: Vec<Match> = matcher::matches(self.db, plan, start, usize::MAX)?
+                    .into_iter()
+                    .filter(|m| matcher::head_agrees(plan, &m.binding, &group_target))
+                    .collect();
+                if ms.is_empty() {
+                    continue;
+                }
+                // Distinct matches of the body feed the aggregate (docs/language.md).
+                let mut args: Vec<Row> = Vec::new();
+                for m in &ms {
+                    if let Some((_, a)) = plan.group_and_args(&matcher::dense(&m.binding)) {
+                        args.push(a);
+                    }
+                }
+                let input: Vec<(&Row, isize)> = args.iter().map(|a| (a, 1)).collect();
+                let group: Vec<Value> = plan.head_terms.iter().zip(row).filter(|(t, _)| !matches!(t, CHead::Agg(..))).map(|(_, v)| *v).collect();
+                let result = plan.aggregate(&input).map(|aggs| plan.head_from_group(&group, &aggs));
+                if result.as_deref() == Some(row) {
+                    out.push(Derivation { plan: pi, matches: ms });
+                }
+            } else {
+                let Some(start) = matcher::head_binding(plan, &target) else { continue };
+                for m in matcher::matches(self.db, plan, start, LIMIT)? {
+                    if matcher::head_agrees(plan, &m.binding, &target) {
+                        out.push(Derivation { plan: pi, matches: vec![m] });
+                    }
+                }
+            }
+            if out.len() >= LIMIT {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Derived facts a derivation rests on.
+    fn premises_of(d: &Derivation) -> impl Iterator<Item = Fact> + '_ {
+        d.matches.iter().flat_map(|m| m.evidence.iter()).filter_map(|e| match e {
+            Evidence::Fact(r, row) => Some((*r, row.clone())),
+            _ => None,
+        })
+    }
+
+    /// Least height of a proof of the fact (inputs 0), or None if none exists
+    /// without going through a fact being proved above it.
+    fn height(&mut self, rel: RelId, row: &[Value]) -> Result<Option<usize>, String> {
+        if self.db.is_input(rel) {
+            return Ok(Some(0));
+        }
+        let key = (rel, row.to_vec());
+        if let Some(h) = self.heights.get(&key) {
+            return Ok(*h);
+        }
+        if !self.in_progress.insert(key.clone()) {
+            return Ok(None);
+        }
+        let mut best: Option<usize> = None;
+        if let Some(Builtin::Assign { pending, candidate, free }) = self.db.program.relations[rel].builtin {
+            let parts = self.assign_premises(row, pending, candidate, free)?;
+            let mut h = Some(0);
+            for (r, p) in parts {
+                h = match (h, self.height(r, &p)?) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            best = h.map(|h| h + 1);
+        } else {
+            for d in self.derivations(rel, row)? {
+                let mut h = Some(0);
+                for (r, p) in Self::premises_of(&d).collect::<Vec<_>>() {
+                    h = match (h, self.height(r, &p)?) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        _ => None,
+                    };
+                }
+                if let Some(h) = h {
+                    best = Some(best.map_or(h + 1, |b: usize| b.min(h + 1)));
+                }
+            }
+        }
+        self.in_progress.remove(&key);
+        // Only a result found with no cycle cut below is final.
+        if best.is_some() || self.in_progress.is_empty() {
+            self.heights.insert(key, best);
+        }
+        Ok(best)
+    }
+
+    /// The pending, candidate and free facts behind a built-in assignment.
+    fn assign_premises(&self, row: &[Value], pending: RelId, candidate: RelId, free: RelId) -> Result<Vec<Fact>, String> {
+        let (instance, node) = (row[0], row[1]);
+        let p = self.db.lookup(pending, &[0], &[instance])?;
+        let Some(p) = p.first() else { return Err(format!("assigned {instance} has no pending fact")) };
+        let c = self.db.lookup(candidate, &[0, 1], &[p[1], node])?;
+        let f = self.db.lookup(free, &[0], &[node])?;
+        let mut out = vec![(pending, p.clone())];
+        out.extend(c.into_iter().take(1).map(|r| (candidate, r)));
+        out.extend(f.into_iter().take(1).map(|r| (free, r)));
+        Ok(out)
+    }
+
+    fn node(&mut self, rel: RelId, row: &[Value], depth: usize) -> Result<Node, String> {
+        let program = self.db.program;
+        let fact = row_text(program, rel, row);
+        if self.db.is_input(rel) {
+            let Some((key, stored)) = self.db.input_key(rel, row) else { return Err(format!("input fact {fact} has no stored key")) };
+            let namespace = key.split('/').next().unwrap_or_default().to_string();
+            let writer = key.strip_prefix("intent/").and_then(|r| r.split('/').next()).map(str::to_string);
+            return Ok(Node::Input { fact, key, value: stored.value.clone(), mod_revision: stored.mod_revision, namespace, writer });
+        }
+        if !self.db.contains(rel, row)? {
+            return Err(format!("internal: {fact} is not a fact the engine holds"));
+        }
+        let key = (rel, row.to_vec());
+        if self.shown.contains(&key) {
+            return Ok(Node::Seen { fact });
+        }
+        if depth >= self.opts.depth {
+            return Ok(Node::Cut { fact });
+        }
+        self.shown.insert(key);
+        if let Some(Builtin::Assign { pending, candidate, free }) = program.relations[rel].builtin {
+            let parts = self.assign_premises(row, pending, candidate, free)?;
+            let mut premises = Vec::new();
+            for (r, p) in parts {
+                premises.push(self.node(r, &p, depth + 1)?);
+            }
+            let note = format!(
+                "assign gave {} the first node with room among its service's candidates, ordered by (spread, score, node name), charging capacity as it went (docs/language.md)",
+                value_text(&row[0])
+            );
+            return Ok(Node::Assigned { fact, builtin: "assign".into(), premises, note });
+        }
+        let derivations = self.derivations(rel, row)?;
+        if derivations.is_empty() {
+            return Err(format!("internal: the engine holds {fact} but no rule derives it"));
+        }
+        // The derivation of least height.
+        let mut best: Option<(usize, usize)> = None;
+        for (i, d) in derivations.iter().enumerate() {
+            let mut h = Some(0);
+            for (r, p) in Self::premises_of(d).collect::<Vec<_>>() {
+                h = match (h, self.height(r, &p)?) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            if let Some(h) = h {
+                if best.is_none_or(|(bh, _)| h < bh) {
+                    best = Some((h, i));
+                }
+            }
+        }
+        let (_, chosen) = best.ok_or_else(|| format!("internal: no well-founded derivation of {fact}"))?;
+        let d = &derivations[chosen];
+        let plan = &self.plans[d.plan];
+        let rule = plan.rule;
+        let rule_ref = RuleRef::of(program, rule);
+        if plan.has_aggregate() {
+            let plan = plan.clone();
+            let (aggregate, decisive) = decisive(&plan, row);
+            let mut contributions = Vec::new();
+            for m in d.matches.iter().take(SHOWN_CONTRIBUTIONS) {
+                let args = plan.group_and_args(&matcher::dense(&m.binding)).map(|(_, a)| a).unwrap_or_default();
+                let decides = decisive.as_ref().is_none_or(|v| args.iter().any(|a| a == v));
+                let premises = self.premises(&plan, m, depth)?;
+                let value = args.iter().map(value_text).collect::<Vec<_>>().join(", ");
+                contributions.push(Contribution { bindings: self.bindings(rule, &m.binding), value, decides, premises });
+            }
+            return Ok(Node::Aggregate { fact, rule: rule_ref, aggregate, contributions });
+        }
+        let m = d.matches[0].clone();
+        let plan = plan.clone();
+        let premises = self.premises(&plan, &m, depth)?;
+        Ok(Node::Rule { fact, rule: rule_ref, bindings: self.bindings(rule, &m.binding), premises, other_derivations: derivations.len() - 1 })
+    }
+
+    fn premises(&mut self, plan: &RulePlan, m: &Match, depth: usize) -> Result<Vec<Premise>, String> {
+        let program = self.db.program;
+        let body = &program.rules[plan.rule].body;
+        let mut out = Vec::new();
+        for (lit, ev) in body.iter().zip(&m.evidence) {
+            let literal = program.sources.slice(lit.span).split_whitespace().collect::<Vec<_>>().join(" ");
+            out.push(match ev {
+                Evidence::Fact(r, row) => Premise::Fact { literal, proof: self.node(*r, row, depth + 1)? },
+                Evidence::Absent(r, pattern) => {
+                    let key = program.relations[*r].pattern.as_ref().filter(|_| self.db.is_input(*r)).map(|p| {
+                        let cols: Vec<String> = pattern.iter().map(|v| v.map_or("*".to_string(), |v| v.to_string())).collect();
+                        p.render(&cols)
+                    });
+                    Premise::Absent { literal, fact: fact_text(program, *r, pattern), key }
+                }
+                Evidence::Held => Premise::Condition { literal },
+            });
+        }
+        Ok(out)
+    }
+
+    fn bindings(&self, rule: usize, b: &Binding) -> BTreeMap<String, String> {
+        let vars = &self.db.program.rules[rule].vars;
+        vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), value_text(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
+    }
+}
+
+/// The aggregate's name, and the argument value that decided it (None when
+/// every contribution counts: count, sum).
+fn decisive(plan: &RulePlan, row: &[Value]) -> (String, Option<Value>) {
+    use ccattler_parser::ast::AggKind;
+    for (t, v) in plan.head_terms.iter().zip(row) {
+        if let CHead::Agg(kind, _) = t {
+            let name = match kind {
+                AggKind::Count => "count",
+                AggKind::Sum => "sum",
+                AggKind::Min => "min",
+                AggKind::Max => "max",
+                AggKind::ArgMax => "arg_max",
+                AggKind::ArgMin => "arg_min",
+            };
+            let decided = !matches!(kind, AggKind::Count | AggKind::Sum);
+            return (name.into(), decided.then_some(*v));
+        }
+    }
+    (String::new(), None)
+}
