@@ -181,6 +181,29 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
+    /// Why a derived fact holds (its derivation down to the stored keys), or why not.
+    Explain {
+        /// A key (`placement/instance/web-3`), or `KEY=VALUE` to ask about one value.
+        key: String,
+        /// Also say why it does not hold: every rule that could derive it, and what fails.
+        #[arg(long)]
+        why_not: bool,
+        /// Explain over a facts file instead of live etcd.
+        #[arg(long, conflicts_with = "revision")]
+        facts: Option<PathBuf>,
+        /// Read etcd at this revision (default: the latest).
+        #[arg(long)]
+        revision: Option<i64>,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
+        /// Levels of the derivation tree shown; deeper facts are cut with a marker.
+        #[arg(long, default_value_t = 12)]
+        depth: usize,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
     /// Evaluate the rules offline over a facts file; print every derived fact.
     Eval {
         /// Facts file: one `KEY = VALUE` a line.
@@ -247,6 +270,9 @@ pub fn main() -> ExitCode {
         Command::Plan { etcd, rules } => plan(&etcd, &rules),
         Command::Apply { file, writer, etcd } => apply(&file, &writer, &etcd),
         Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
+        Command::Explain { key, why_not, facts, revision, etcd, rules, depth, format } => {
+            explain(&key, why_not, facts.as_deref(), revision, &etcd, &rules, depth, format)
+        }
         Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
         Command::Test { paths, rules, run, format } => test(paths, &rules, run.as_deref(), format),
     };
@@ -330,6 +356,77 @@ fn eval(facts: &std::path::Path, rules: &std::path::Path, format: Format, worker
     }
     let clean = session.rejected().is_empty() && session.conflicts().next().is_none();
     Ok(if clean { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn explain(
+    asked: &str,
+    why_not: bool,
+    facts: Option<&std::path::Path>,
+    revision: Option<i64>,
+    etcd: &EtcdArgs,
+    rules: &std::path::Path,
+    depth: usize,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
+    use ccattler_engine::explain;
+    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let (key, value) = match asked.split_once('=') {
+        Some((k, v)) => (k.trim(), Some(v.trim())),
+        None => (asked.trim(), None),
+    };
+    let mut session = ccattler_engine::Session::new(program.clone(), 1)?;
+    // Where the facts come from, and what the store holds at the key.
+    let (source, stored) = match facts {
+        Some(path) => {
+            let lines = read_facts(path)?;
+            let writes: Vec<(String, Option<String>)> = lines.iter().map(|f| (f.key.clone(), Some(f.value.clone()))).collect();
+            session.write(&writes)?;
+            let stored = session.stored_output(key).cloned().map(|v| (v, None));
+            (format!("facts file {}", path.display()), stored)
+        }
+        None => {
+            let cfg = etcd.config()?;
+            let (rev, snap) = runtime()?.block_on(async {
+                let mut client = ccattler_bridge::etcd::connect(&cfg).await?;
+                ccattler_bridge::etcd::snapshot_at(&mut client, &ccattler_bridge::controller::prefixes(&program), 5000, revision).await
+            })?;
+            let stored = snap.iter().find(|(k, _)| k == key).map(|(_, h)| (h.value.clone(), Some(h.mod_revision)));
+            let loaded: Vec<(String, String, u64)> = snap.into_iter().map(|(k, h)| (k, h.value, h.mod_revision as u64)).collect();
+            session.load(rev as u64, &loaded)?;
+            (format!("etcd {} at revision {rev}", cfg.endpoints.join(",")), stored)
+        }
+    };
+    let db = explain::Db::of_session(&session);
+    let e = match explain::explain(&db, key, value, why_not, explain::Options { depth }) {
+        Ok(e) => e,
+        Err(e @ (explain::ExplainError::UnknownKey(_) | explain::ExplainError::BadValue { .. })) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match format {
+        Format::Text => {
+            println!("# {source}");
+            if let Some((v, rev)) = &stored {
+                let at = rev.map(|r| format!(" (mod_revision {r})")).unwrap_or_default();
+                println!("# the store holds {key} = {v:?}{at}");
+            }
+            print!("{}", explain::render::text(&e));
+        }
+        Format::Json => {
+            let mut v = serde_json::to_value(&e)?;
+            v["source"] = serde_json::Value::String(source);
+            v["stored"] = match stored {
+                Some((value, rev)) => serde_json::json!({ "value": value, "mod_revision": rev }),
+                None => serde_json::Value::Null,
+            };
+            println!("{v}");
+        }
+    }
+    // 0 when the asked fact holds, 1 when it does not.
+    Ok(if e.holds { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 /// `*.test` files under the given paths (default `<rules>/tests`), sorted.

@@ -70,8 +70,17 @@ pub fn held(kv: &KeyValue) -> Option<(String, Held)> {
 /// sized from the bytes per key seen so far to about 3 MiB, under the 4 MiB
 /// gRPC message limit, and halve if one is still too large.
 pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Result<(i64, Vec<(String, Held)>), EtcdError> {
+    snapshot_at(client, prefixes, page, None).await
+}
+
+/// [`snapshot`] at a past revision (None: the current one). A compacted
+/// revision is an error from etcd that names it.
+pub async fn snapshot_at(client: &mut Client, prefixes: &[String], page: i64, at: Option<i64>) -> Result<(i64, Vec<(String, Held)>), EtcdError> {
     // Fix the revision with a cheap read first; every page reads at it.
-    let rev = client.get("status/derived_revision", None).await?.header().map_or(0, |h| h.revision());
+    let rev = match at {
+        Some(r) => r,
+        None => client.get("status/derived_revision", None).await?.header().map_or(0, |h| h.revision()),
+    };
     let mut out = Vec::new();
     let mut page = page.max(1);
     for prefix in prefixes {

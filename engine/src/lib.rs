@@ -7,6 +7,7 @@
 
 pub mod builtin;
 pub mod dataflow;
+pub mod explain;
 pub mod factfile;
 pub mod facts;
 pub mod plan;

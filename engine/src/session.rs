@@ -88,6 +88,29 @@ impl Session {
         Err(SessionError::NoFixedPoint(pending.join(", ")))
     }
 
+    /// Loads a store's facts as they are, each with the revision it was
+    /// written at, at revision `rev` (a snapshot), and writes nothing back:
+    /// what is derived is what the rules give for the store as it is.
+    pub fn load(&mut self, rev: u64, facts: &[(String, String, u64)]) -> Result<(), SessionError> {
+        let program = self.engine.program().clone();
+        self.rev = rev.max(self.rev + 1);
+        let mut changes = Vec::new();
+        for (key, value, mod_revision) in facts {
+            self.inputs.put(&program, key, value, *mod_revision, &mut changes);
+            if is_output_key(&program, key) {
+                self.stored_outputs.insert(key.clone(), value.clone());
+            }
+        }
+        let diffs = self.engine.apply(self.rev, changes)?;
+        self.outputs.apply(&program, &diffs);
+        Ok(())
+    }
+
+    /// What the store holds at an output key.
+    pub fn stored_output(&self, key: &str) -> Option<&String> {
+        self.stored_outputs.get(key)
+    }
+
     /// One revision: store the writes, run the engine; returns the keys that
     /// may now need writing back.
     fn apply(&mut self, writes: &[Write]) -> Result<BTreeSet<String>, SessionError> {

@@ -20,6 +20,7 @@ pub mod render;
 pub mod whynot;
 
 use crate::value::{Row, Value};
+
 use ccattler_parser::ast::DeclKind;
 use ccattler_parser::program::{Program, RelId};
 pub use db::Db;
@@ -204,17 +205,21 @@ pub fn explain(db: &Db, key: &str, value: Option<&str>, why_not: bool, opts: Opt
     let fixed: Vec<(usize, Value)> = pattern.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i, v))).collect();
     let (pos, vals): (Vec<usize>, Vec<Value>) = fixed.iter().copied().unzip();
     let facts: Vec<Row> = db.lookup(rel, &pos, &vals).map_err(ExplainError::Facts)?;
+    let holds = !facts.is_empty();
+    // KEY=VALUE that does not hold: show what the key holds instead.
+    let shown = if holds || value.is_none() {
+        facts
+    } else {
+        let (key_pos, key_vals): (Vec<usize>, Vec<Value>) =
+            fixed.iter().copied().filter(|(i, _)| db.program.relations[rel].pattern.as_ref().is_none_or(|p| p.value_column != Some(*i))).unzip();
+        db.lookup(rel, &key_pos, &key_vals).map_err(ExplainError::Facts)?
+    };
     let mut proofs = Vec::new();
     let mut prover = how::Prover::new(db, opts);
-    for row in &facts {
+    for row in &shown {
         proofs.push(prover.prove(rel, row).map_err(ExplainError::Facts)?);
     }
-    let holds = !facts.is_empty();
-    let why_not = if !holds || why_not && value.is_some() && !holds {
-        Some(whynot::why_not(db, rel, &pattern, opts).map_err(ExplainError::Facts)?)
-    } else {
-        None
-    };
+    let why_not = if !holds && why_not { Some(whynot::why_not(db, rel, &pattern, opts).map_err(ExplainError::Facts)?) } else { None };
     Ok(Explanation { schema: SCHEMA, key: key.into(), value: value.map(str::to_string), revision: db.revision, holds, proofs, why_not })
 }
 

@@ -1,0 +1,542 @@
+//! Why a fact does not hold. For every rule that could derive it, the body is
+//! matched literal by literal with the fact's values fixed; each binding that
+//! stops is reported with every literal that fails for it (not just the
+//! first), the nearest facts for a positive atom, the proof of what exists for
+//! a negated one, and, one level down, why a missing derived fact is missing.
+//!
+//! For the built-in `assign` (an unplaced instance), every node is checked
+//! against every constraint and the reasons are summarised with counts and
+//! node names.
+
+use super::how::Prover;
+use super::matcher::{self, dense, Binding};
+use super::{fact_text, row_text, value_text, Db, Node, Options, RuleRef};
+use crate::plan::{CHead, RulePlan, Step};
+use crate::value::Value;
+use ccattler_parser::program::{Builtin, RelId};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Bindings carried from one literal to the next (more are counted, not followed).
+const FRONTIER: usize = 20_000;
+/// Failing bindings reported per rule.
+const SHOWN: usize = 20;
+/// Failing bindings per rule whose missing facts are explained one level down.
+const BECAUSE: usize = 3;
+/// How deep "because" goes.
+const WHY_DEPTH: usize = 6;
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct WhyNot {
+    /// The fact or pattern (`_` = any value).
+    pub fact: String,
+    /// For a relation read from keys: the key, and what the store holds there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<InputWhyNot>,
+    /// Facts of the relation that agree with the pattern except in one column.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nearest: Vec<String>,
+    pub rules: Vec<RuleWhyNot>,
+    /// For the built-in `assign`: why no node took the instance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub assign: Option<AssignWhyNot>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct InputWhyNot {
+    /// The key (with `*` for columns the pattern leaves open).
+    pub key: String,
+    /// The value the store holds at the key, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stored: Option<String>,
+    /// Why the stored value was rejected, if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct RuleWhyNot {
+    pub rule: RuleRef,
+    /// Set when the rule's head cannot give the fact at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head_mismatch: Option<String>,
+    /// Literals in the rule's body.
+    pub literals: usize,
+    /// Bindings that stopped, deepest (nearest to a match) first.
+    pub failures: Vec<Failure>,
+    /// Failing bindings not shown.
+    pub more_failures: usize,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Failure {
+    pub bindings: BTreeMap<String, String>,
+    /// Body literals that matched before the first failure.
+    pub matched: usize,
+    /// Every literal that fails under these bindings.
+    pub failed: Vec<FailedLiteral>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct FailedLiteral {
+    /// As written in the rule.
+    pub literal: String,
+    /// With the bindings filled in.
+    pub instance: String,
+    /// `no matching fact`, `holds` (a negated atom), `false` (a comparison),
+    /// or the aggregate's actual value.
+    pub reason: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nearest: Vec<String>,
+    /// For a negated atom: the proof of the fact that exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proof: Option<Node>,
+    /// For a missing derived fact: why it is missing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub because: Option<Box<WhyNot>>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct AssignWhyNot {
+    pub instance: String,
+    /// The pending fact (service and requests), if the instance is pending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<String>,
+    /// The nodes considered (every value of a `node` column).
+    pub nodes: usize,
+    /// Nodes that could take the instance.
+    pub fit: usize,
+    /// Each reason, with how many nodes and which; a node is listed under
+    /// every reason that rules it out.
+    pub reasons: Vec<Reason>,
+    /// `0/12 nodes can take web-7: 7 insufficient cpu (…), …`
+    pub summary: String,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Reason {
+    pub reason: String,
+    pub count: usize,
+    pub nodes: Vec<String>,
+}
+
+pub fn why_not(db: &Db, rel: RelId, pattern: &[Option<Value>], opts: Options) -> Result<WhyNot, String> {
+    WhyNotCx { db, plans: crate::plan::plan(db.program), opts }.why_not(rel, pattern, 0)
+}
+
+struct WhyNotCx<'d, 'a> {
+    db: &'d Db<'a>,
+    plans: Vec<RulePlan>,
+    opts: Options,
+}
+
+impl WhyNotCx<'_, '_> {
+    fn why_not(&self, rel: RelId, pattern: &[Option<Value>], depth: usize) -> Result<WhyNot, String> {
+        let program = self.db.program;
+        let r = &program.relations[rel];
+        let mut out = WhyNot { fact: fact_text(program, rel, pattern), input: None, nearest: self.nearest(rel, pattern)?, rules: vec![], assign: None };
+        if self.db.is_input(rel) {
+            if let Some(p) = &r.pattern {
+                let cols: Vec<String> = pattern.iter().map(|v| v.map_or("*".to_string(), |v| v.to_string())).collect();
+                let key = p.render(&cols);
+                let stored = self.db.inputs.facts.get(&key).map(|f| f.value.clone());
+                let rejected = self.db.inputs.rejected.get(&key).cloned();
+                out.input = Some(InputWhyNot { key, stored, rejected });
+            }
+            return Ok(out);
+        }
+        if let Some(Builtin::Assign { pending, candidate, free }) = r.builtin {
+            out.assign = Some(self.assign(pattern, pending, candidate, free, depth)?);
+            return Ok(out);
+        }
+        for plan in self.plans.iter().filter(|p| p.head == rel) {
+            out.rules.push(self.rule(plan, pattern, depth)?);
+        }
+        Ok(out)
+    }
+
+    /// Facts agreeing with the pattern in all fixed columns but one.
+    fn nearest(&self, rel: RelId, pattern: &[Option<Value>]) -> Result<Vec<String>, String> {
+        let fixed: Vec<usize> = (0..pattern.len()).filter(|i| pattern[*i].is_some()).collect();
+        let mut out = Vec::new();
+        if fixed.is_empty() {
+            return Ok(out);
+        }
+        for skip in &fixed {
+            let pos: Vec<usize> = fixed.iter().copied().filter(|p| p != skip).collect();
+            let vals: Vec<Value> = pos.iter().map(|p| pattern[*p].expect("fixed")).collect();
+            if pos.is_empty() && self.db.rows(rel)?.len() > 3 {
+                continue; // "anything else in the relation" is not near
+            }
+            for row in self.db.lookup(rel, &pos, &vals)?.into_iter().take(3) {
+                out.push(row_text(self.db.program, rel, &row));
+            }
+        }
+        out.sort();
+        out.dedup();
+        out.truncate(5);
+        Ok(out)
+    }
+
+    fn rule(&self, plan: &RulePlan, pattern: &[Option<Value>], depth: usize) -> Result<RuleWhyNot, String> {
+        let program = self.db.program;
+        let rule = RuleRef::of(program, plan.rule);
+        // Aggregates: the group is what the rule body decides; the value is the aggregate's.
+        let group_pattern: Vec<Option<Value>> =
+            plan.head_terms.iter().zip(pattern).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { *v }).collect();
+        let Some(start) = matcher::head_binding(plan, &group_pattern) else {
+            return Ok(RuleWhyNot { rule, head_mismatch: Some(format!("the head {} cannot give {}", head_text(program, plan), fact_text(program, plan.head, pattern))), literals: plan.steps.len(), failures: vec![], more_failures: 0 });
+        };
+        let mut failures: Vec<Failure> = Vec::new();
+        let mut more = 0;
+        let mut frontier = vec![start];
+        for i in 0..plan.steps.len() {
+            let mut next = Vec::new();
+            for b in &frontier {
+                let extended = matcher::step(self.db, plan, i, b)?;
+                if extended.is_empty() {
+                    if failures.len() < SHOWN * 4 {
+                        failures.push(self.failure(plan, b, i, depth, failures.len() < BECAUSE)?);
+                    } else {
+                        more += 1;
+                    }
+                } else {
+                    for (nb, _) in extended {
+                        if next.len() < FRONTIER {
+                            next.push(nb);
+                        }
+                    }
+                }
+            }
+            frontier = next;
+        }
+        // Complete matches: the head gives another value, or the aggregate another result.
+        for b in frontier.iter().take(SHOWN) {
+            if !matcher::head_agrees(plan, b, &group_pattern) {
+                let got = plan.head_row(&dense(b)).map(|r| row_text(program, plan.head, &r)).unwrap_or_default();
+                failures.push(Failure { bindings: self.bindings(plan.rule, b), matched: plan.steps.len(), failed: vec![FailedLiteral { literal: head_text(program, plan), instance: got, reason: "the head gives another fact".into(), nearest: vec![], proof: None, because: None }] });
+            }
+        }
+        if plan.has_aggregate() && frontier.iter().any(|b| matcher::head_agrees(plan, b, &group_pattern)) {
+            // The group exists; its aggregate is something else.
+            let group: Vec<Option<Value>> = group_pattern.clone();
+            let (pos, vals): (Vec<usize>, Vec<Value>) = group.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i, v))).unzip();
+            let actual: Vec<String> = self.db.lookup(plan.head, &pos, &vals)?.iter().map(|r| row_text(program, plan.head, r)).collect();
+            failures.push(Failure {
+                bindings: self.bindings(plan.rule, frontier.first().expect("some")),
+                matched: plan.steps.len(),
+                failed: vec![FailedLiteral { literal: head_text(program, plan), instance: fact_text(program, plan.head, pattern), reason: format!("the group's aggregate gives {}", actual.join(", ")), nearest: vec![], proof: None, because: None }],
+            });
+        }
+        failures.sort_by(|a, b| b.matched.cmp(&a.matched));
+        if failures.len() > SHOWN {
+            more += failures.len() - SHOWN;
+            failures.truncate(SHOWN);
+        }
+        Ok(RuleWhyNot { rule, head_mismatch: None, literals: plan.steps.len(), failures, more_failures: more })
+    }
+
+    /// A binding stopped at step `first`: that literal, and every later one
+    /// that can be checked with what is bound (and binds nothing new).
+    fn failure(&self, plan: &RulePlan, b: &Binding, first: usize, depth: usize, explain: bool) -> Result<Failure, String> {
+        let mut failed = vec![self.failed_literal(plan, b, first, depth, explain)?];
+        let mut b = b.clone();
+        for i in first + 1..plan.steps.len() {
+            if !checkable(&plan.steps[i], &b) {
+                continue;
+            }
+            let r = matcher::step(self.db, plan, i, &b)?;
+            match r.as_slice() {
+                [] => failed.push(self.failed_literal(plan, &b, i, depth, explain)?),
+                [(nb, _)] => b = nb.clone(),
+                _ => {}
+            }
+        }
+        Ok(Failure { bindings: self.bindings(plan.rule, &b), matched: first, failed })
+    }
+
+    fn failed_literal(&self, plan: &RulePlan, b: &Binding, i: usize, depth: usize, explain: bool) -> Result<FailedLiteral, String> {
+        let program = self.db.program;
+        let lit = &program.rules[plan.rule].body[i];
+        let literal = program.sources.slice(lit.span).split_whitespace().collect::<Vec<_>>().join(" ");
+        let mut f = FailedLiteral { literal, instance: String::new(), reason: String::new(), nearest: vec![], proof: None, because: None };
+        match &plan.steps[i] {
+            Step::Join { rel, filter, key, bind } => {
+                let pattern = matcher::atom_pattern(program.relations[*rel].arity(), filter, key, bind, b);
+                f.instance = fact_text(program, *rel, &pattern);
+                f.reason = "no matching fact".into();
+                f.nearest = self.nearest(*rel, &pattern)?;
+                if explain && depth < WHY_DEPTH.min(self.opts.depth) {
+                    f.because = Some(Box::new(self.why_not(*rel, &pattern, depth + 1)?));
+                }
+            }
+            Step::AntiJoin { rel, filter, key } => {
+                let pattern = matcher::atom_pattern(program.relations[*rel].arity(), filter, key, &[], b);
+                f.instance = format!("not {}", fact_text(program, *rel, &pattern));
+                f.reason = "holds".into();
+                if let Some(row) = matcher::matching(self.db, *rel, &pattern, filter)?.first() {
+                    let mut prover = Prover::new(self.db, Options { depth: 1 });
+                    f.proof = Some(prover.prove(*rel, row)?);
+                }
+            }
+            Step::Filter { lhs, rhs, .. } => {
+                let d = dense(b);
+                let show = |e: &crate::plan::CExpr| e.eval(&d).map_or("?".into(), |v| value_text(&v));
+                f.instance = format!("{} with {} and {}", f.literal, show(lhs), show(rhs));
+                f.reason = "false".into();
+            }
+            Step::Assign { var, expr } => {
+                let got = expr.eval(&dense(b)).map_or("no value (overflow or division by zero)".into(), |v| value_text(&v));
+                f.instance = f.literal.clone();
+                f.reason = match b[*var] {
+                    Some(want) => format!("gives {got}, not {}", value_text(&want)),
+                    None => format!("gives {got}"),
+                };
+            }
+            Step::Range { var, lo, hi } => {
+                let d = dense(b);
+                let bound = |e: &crate::plan::CExpr| e.eval(&d).map_or("?".into(), |v| value_text(&v));
+                f.instance = format!("{} in {}..{}", b[*var].map_or("_".into(), |v| value_text(&v)), bound(lo), bound(hi));
+                f.reason = "out of range".into();
+            }
+        }
+        Ok(f)
+    }
+
+    fn bindings(&self, rule: usize, b: &Binding) -> BTreeMap<String, String> {
+        let vars = &self.db.program.rules[rule].vars;
+        vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), value_text(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
+    }
+
+    /// Every node against every constraint, for one pending instance.
+    fn assign(&self, pattern: &[Option<Value>], pending: RelId, candidate: RelId, free: RelId, depth: usize) -> Result<AssignWhyNot, String> {
+        let program = self.db.program;
+        let Some(instance) = pattern[0] else { return Err("why-not of an assignment needs the instance".into()) };
+        let mut out = AssignWhyNot { instance: instance.to_string(), pending: None, nodes: 0, fit: 0, reasons: vec![], summary: String::new() };
+        let pend = self.db.lookup(pending, &[0], &[instance])?;
+        let Some(p) = pend.first().cloned() else {
+            let why = self.why_not(pending, &[Some(instance), None, None, None], depth + 1)?;
+            out.summary = format!("{instance} is not pending: {}", short(&why));
+            out.reasons.push(Reason { reason: format!("not pending: {}", short(&why)), count: 0, nodes: vec![] });
+            return Ok(out);
+        };
+        out.pending = Some(row_text(program, pending, &p));
+        let (service, cpu, mem) = (p[1], p[2].as_int().unwrap_or(0), p[3].as_int().unwrap_or(0));
+        let node_col = program.relations[candidate].columns[1].name.clone();
+        let nodes = match pattern[1] {
+            Some(n) => vec![n],
+            None => self.db.domain(&node_col)?,
+        };
+        out.nodes = nodes.len();
+        // What this round handed out (the same built-in the dataflow runs).
+        let all = |rel: RelId| self.db.rows(rel);
+        let int = |v: &Value| v.as_int().unwrap_or(0);
+        let p_rows: Vec<crate::builtin::Pending> = all(pending)?.iter().map(|r| (r[0], r[1], int(&r[2]), int(&r[3]))).collect();
+        let c_rows: Vec<crate::builtin::Candidate> = all(candidate)?.iter().map(|r| (r[0], r[1], int(&r[2]), int(&r[3]))).collect();
+        let f_rows: Vec<crate::builtin::Free> = all(free)?.iter().map(|r| (r[0], int(&r[1]), int(&r[2]))).collect();
+        let assigned = crate::builtin::assign(&p_rows, &c_rows, &f_rows);
+        let mut charged: BTreeMap<Value, (i64, i64)> = BTreeMap::new();
+        let mut taken_by: Option<Value> = None;
+        let requests: BTreeMap<Value, (i64, i64)> = all(pending)?.iter().map(|r| (r[0], (r[2].as_int().unwrap_or(0), r[3].as_int().unwrap_or(0)))).collect();
+        for (i, n) in &assigned {
+            if *i == instance {
+                taken_by = Some(*n);
+            }
+            let (c, m) = requests.get(i).copied().unwrap_or((0, 0));
+            let e = charged.entry(*n).or_default();
+            *e = (e.0 + c, e.1 + m);
+        }
+        let mut by_reason: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for n in &nodes {
+            let name = n.to_string();
+            let mut reasons: Vec<String> = Vec::new();
+            let cands = self.db.lookup(candidate, &[0, 1], &[service, *n])?;
+            if cands.is_empty() {
+                let why = self.why_not(candidate, &[Some(service), Some(*n), None, None], depth + 1)?;
+                let mut leaves = Vec::new();
+                leaf_reasons(&why, &mut Vec::new(), &mut leaves);
+                // The node's own name becomes the column's, so nodes with the same reason group.
+                let (quoted, raw) = (value_text(n), n.to_string());
+                for l in leaves {
+                    let l = l.replace(&quoted, &node_col).replace(&format!("/{raw}/"), &format!("/{{{node_col}}}/"));
+                    reasons.push(format!("not a candidate: {l}"));
+                }
+                if reasons.is_empty() {
+                    reasons.push("not a candidate".into());
+                }
+            } else {
+                match self.db.lookup(free, &[0], &[*n])?.first() {
+                    None => reasons.push("no free capacity known (not ready?)".into()),
+                    Some(f) => {
+                        let (fc, fm) = (f[1].as_int().unwrap_or(0), f[2].as_int().unwrap_or(0));
+                        if fc < cpu {
+                            reasons.push(format!("insufficient cpu (needs {cpu})"));
+                        }
+                        if fm < mem {
+                            reasons.push(format!("insufficient memory (needs {mem})"));
+                        }
+                        if fc >= cpu && fm >= mem {
+                            let (uc, um) = charged.get(n).copied().unwrap_or((0, 0));
+                            if taken_by == Some(*n) {
+                                out.fit += 1;
+                                continue;
+                            } else if fc - uc < cpu || fm - um < mem {
+                                reasons.push("room taken by other instances assigned in the same round".into());
+                            } else if let Some(t) = taken_by {
+                                reasons.push(format!("fits, but {} ranks better", t));
+                            } else {
+                                out.fit += 1;
+                                continue;
+                            }
+                        }
+                    }
+                }
+            }
+            reasons.sort();
+            reasons.dedup();
+            for r in reasons {
+                by_reason.entry(r).or_default().push(name.clone());
+            }
+        }
+        let mut reasons: Vec<Reason> = by_reason
+            .into_iter()
+            .map(|(reason, mut nodes)| {
+                nodes.sort_by(|a, b| natural(a, b));
+                Reason { reason, count: nodes.len(), nodes }
+            })
+            .collect();
+        reasons.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
+        let parts: Vec<String> = reasons.iter().map(|r| format!("{} {} ({})", r.count, r.reason, names(&r.nodes, 5))).collect();
+        out.summary = format!("{}/{} nodes can take {}: {}", out.fit, out.nodes, instance, parts.join(", "));
+        out.reasons = reasons;
+        Ok(out)
+    }
+}
+
+/// Orders names as people do: node-2 before node-10.
+pub fn natural(a: &str, b: &str) -> std::cmp::Ordering {
+    fn parts(s: &str) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        let mut text = String::new();
+        let mut num = String::new();
+        for c in s.chars() {
+            if c.is_ascii_digit() {
+                num.push(c);
+            } else {
+                if !num.is_empty() {
+                    out.push((std::mem::take(&mut text), num.parse().unwrap_or(u64::MAX)));
+                    num.clear();
+                }
+                text.push(c);
+            }
+        }
+        out.push((text, num.parse().unwrap_or(0)));
+        out
+    }
+    parts(a).cmp(&parts(b)).then_with(|| a.cmp(b))
+}
+
+/// Up to `max` names, then `…`.
+pub fn names(names: &[String], max: usize) -> String {
+    let mut s = names.iter().take(max).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > max {
+        s.push_str(", …");
+    }
+    s
+}
+
+/// The deepest reasons in a why-not: chains of failing literals, `a ← b ← c`.
+fn leaf_reasons(w: &WhyNot, chain: &mut Vec<String>, out: &mut Vec<String>) {
+    if let Some(i) = &w.input {
+        let mut c = chain.clone();
+        c.push(match (&i.stored, &i.rejected) {
+            (_, Some(r)) => format!("{} rejected: {r}", i.key),
+            (Some(v), None) => format!("{} is {v:?}", i.key),
+            (None, None) => format!("no key {}", i.key),
+        });
+        out.push(c.join(" ← "));
+        return;
+    }
+    for r in &w.rules {
+        for f in &r.failures {
+            for l in &f.failed {
+                chain.push(l.instance.clone());
+                match &l.because {
+                    Some(b) => leaf_reasons(b, chain, out),
+                    None => {
+                        let tail = match &l.proof {
+                            Some(p) => format!("{} holds{}", l.instance.trim_start_matches("not "), proof_premises(p)),
+                            None => format!("{}: {}", l.instance, l.reason),
+                        };
+                        let mut c = chain[..chain.len() - 1].to_vec();
+                        c.push(tail);
+                        out.push(c.join(" ← "));
+                    }
+                }
+                chain.pop();
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+}
+
+/// `: a, not b` — the first level of a proof, for a one-line reason.
+fn proof_premises(p: &Node) -> String {
+    match p {
+        Node::Rule { premises, .. } => {
+            let parts: Vec<String> = premises
+                .iter()
+                .filter_map(|pr| match pr {
+                    super::Premise::Fact { proof, .. } => Some(proof.fact().to_string()),
+                    super::Premise::Absent { fact, .. } => Some(format!("no {fact}")),
+                    super::Premise::Condition { .. } => None,
+                })
+                .collect();
+            if parts.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", parts.join(", "))
+            }
+        }
+        _ => String::new(),
+    }
+}
+
+/// A one-line summary of a why-not.
+pub fn short(w: &WhyNot) -> String {
+    let mut leaves = Vec::new();
+    leaf_reasons(w, &mut Vec::new(), &mut leaves);
+    if leaves.is_empty() {
+        format!("no rule derives {}", w.fact)
+    } else {
+        leaves.join("; ")
+    }
+}
+
+/// A literal with its bindings known binds nothing new.
+fn checkable(step: &Step, b: &Binding) -> bool {
+    let bound = |e: &crate::plan::CExpr| vars(e).iter().all(|v| b[*v].is_some());
+    match step {
+        Step::Join { bind, .. } => bind.iter().all(|(_, v)| b[*v].is_some()),
+        Step::AntiJoin { key, .. } => key.iter().all(|(_, v)| b[*v].is_some()),
+        Step::Filter { lhs, rhs, .. } => bound(lhs) && bound(rhs),
+        Step::Assign { expr, .. } => bound(expr),
+        Step::Range { var, lo, hi } => b[*var].is_some() && bound(lo) && bound(hi),
+    }
+}
+
+fn vars(e: &crate::plan::CExpr) -> Vec<usize> {
+    use crate::plan::CExpr;
+    match e {
+        CExpr::Val(_) => vec![],
+        CExpr::Var(v) => vec![*v],
+        CExpr::Neg(x) => vars(x),
+        CExpr::Bin(_, a, b) => [vars(a), vars(b)].concat(),
+    }
+}
+
+fn head_text(program: &ccattler_parser::program::Program, plan: &RulePlan) -> String {
+    let text = program.rule_text(plan.rule);
+    text.split(":-").next().unwrap_or(text).split_whitespace().collect::<Vec<_>>().join(" ")
+}
