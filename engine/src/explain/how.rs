@@ -3,11 +3,11 @@
 //! least height (so recursion always bottoms out), the others are counted.
 
 use super::matcher::{self, Binding, Evidence, Match};
-use super::{fact_text, row_text, value_text, Contribution, Db, Node, Options, Premise, RuleRef};
+use super::{fact_text, row_text, value_text, Contribution, Db, How, Node, Options, Premise, RuleRef, Val};
 use crate::plan::{CHead, RulePlan};
 use crate::value::{Row, Value};
 use ccattler_parser::program::{Builtin, RelId};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 /// Derivations looked at per fact (more are counted up to this, not shown).
 pub const LIMIT: usize = 1000;
@@ -161,21 +161,22 @@ impl<'d, 'a> Prover<'d, 'a> {
     fn node(&mut self, rel: RelId, row: &[Value], depth: usize) -> Result<Node, String> {
         let program = self.db.program;
         let fact = row_text(program, rel, row);
+        let node = |how: How| Node { fact: fact.clone(), relation: program.relations[rel].name.clone(), tuple: row.iter().map(Val::from).collect(), how };
         if self.db.is_input(rel) {
             let Some((key, stored)) = self.db.input_key(rel, row) else { return Err(format!("input fact {fact} has no stored key")) };
             let namespace = key.split('/').next().unwrap_or_default().to_string();
             let writer = key.strip_prefix("intent/").and_then(|r| r.split('/').next()).map(str::to_string);
-            return Ok(Node::Input { fact, key, value: stored.value.clone(), mod_revision: stored.mod_revision, namespace, writer });
+            return Ok(node(How::Input { key, value: stored.value.clone(), mod_revision: stored.mod_revision, namespace, writer }));
         }
         if !self.db.contains(rel, row)? {
             return Err(format!("internal: {fact} is not a fact the engine holds"));
         }
         let key = (rel, row.to_vec());
         if self.shown.contains(&key) {
-            return Ok(Node::Seen { fact });
+            return Ok(node(How::Seen));
         }
         if depth >= self.opts.depth {
-            return Ok(Node::Cut { fact });
+            return Ok(node(How::Cut));
         }
         self.shown.insert(key);
         if let Some(Builtin::Assign { pending, candidate, free }) = program.relations[rel].builtin {
@@ -184,11 +185,12 @@ impl<'d, 'a> Prover<'d, 'a> {
             for (r, p) in parts {
                 premises.push(self.node(r, &p, depth + 1)?);
             }
+            let node = |how: How| Node { fact: fact.clone(), relation: program.relations[rel].name.clone(), tuple: row.iter().map(Val::from).collect(), how };
             let note = format!(
                 "assign gave {} the first node with room among its service's candidates, ordered by (spread, score, node name), charging capacity as it went (docs/language.md)",
                 value_text(&row[0])
             );
-            return Ok(Node::Assigned { fact, builtin: "assign".into(), premises, note });
+            return Ok(node(How::Assigned { builtin: "assign".into(), premises, note }));
         }
         let derivations = self.derivations(rel, row)?;
         if derivations.is_empty() {
@@ -226,12 +228,13 @@ impl<'d, 'a> Prover<'d, 'a> {
                 let value = args.iter().map(value_text).collect::<Vec<_>>().join(", ");
                 contributions.push(Contribution { bindings: self.bindings(rule, &m.binding), value, decides, premises });
             }
-            return Ok(Node::Aggregate { fact, rule: rule_ref, aggregate, contributions });
+            return Ok(node(How::Aggregate { rule: rule_ref, aggregate, contributions }));
         }
         let m = d.matches[0].clone();
         let plan = plan.clone();
         let premises = self.premises(&plan, &m, depth)?;
-        Ok(Node::Rule { fact, rule: rule_ref, bindings: self.bindings(rule, &m.binding), premises, other_derivations: derivations.len() - 1 })
+        let bindings = self.bindings(rule, &m.binding);
+        Ok(node(How::Rule { rule: rule_ref, bindings, premises, other_derivations: derivations.len() - 1 }))
     }
 
     fn premises(&mut self, plan: &RulePlan, m: &Match, depth: usize) -> Result<Vec<Premise>, String> {
@@ -255,9 +258,9 @@ impl<'d, 'a> Prover<'d, 'a> {
         Ok(out)
     }
 
-    fn bindings(&self, rule: usize, b: &Binding) -> BTreeMap<String, String> {
+    fn bindings(&self, rule: usize, b: &Binding) -> super::Bindings {
         let vars = &self.db.program.rules[rule].vars;
-        vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), value_text(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
+        vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), super::Val::from(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
     }
 }
 

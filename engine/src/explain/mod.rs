@@ -40,6 +40,35 @@ pub enum ExplainError {
     Facts(String),
 }
 
+/// A bound value: a JSON number or string; shown quoted when a string.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Val {
+    Int(i64),
+    Str(String),
+}
+
+impl From<&Value> for Val {
+    fn from(v: &Value) -> Val {
+        match v {
+            Value::Int(n) => Val::Int(*n),
+            Value::Str(s) => Val::Str(s.as_str().to_string()),
+        }
+    }
+}
+
+impl std::fmt::Display for Val {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Val::Int(n) => write!(f, "{n}"),
+            Val::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+/// Variable → value.
+pub type Bindings = BTreeMap<String, Val>;
+
 /// A rule, as users find it in their files.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct RuleRef {
@@ -54,13 +83,22 @@ impl RuleRef {
     }
 }
 
-/// One node of a derivation tree.
+/// One node of a derivation tree: a fact, and how it holds.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Node {
+    /// `relation("a", 3)`
+    pub fact: String,
+    pub relation: String,
+    pub tuple: Vec<Val>,
+    #[serde(flatten)]
+    pub how: How,
+}
+
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Node {
+pub enum How {
     /// A stored fact: the key, its value and the revision it was written at.
     Input {
-        fact: String,
         key: String,
         value: String,
         mod_revision: u64,
@@ -72,16 +110,14 @@ pub enum Node {
     },
     /// Derived by a rule under these bindings, from these premises (one per body literal).
     Rule {
-        fact: String,
         rule: RuleRef,
-        bindings: BTreeMap<String, String>,
+        bindings: Bindings,
         premises: Vec<Premise>,
         /// Further derivations of the same fact (not shown).
         other_derivations: usize,
     },
     /// An aggregate: every contribution of its group, and which decided.
     Aggregate {
-        fact: String,
         rule: RuleRef,
         /// count, sum, min, max, arg_max, arg_min
         aggregate: String,
@@ -89,23 +125,16 @@ pub enum Node {
     },
     /// Given by the built-in `assign`, from the instance's pending fact, the
     /// node's candidate fact and its free capacity.
-    Assigned { fact: String, builtin: String, premises: Vec<Node>, note: String },
+    Assigned { builtin: String, premises: Vec<Node>, note: String },
     /// Explained earlier in this tree.
-    Seen { fact: String },
+    Seen,
     /// Not expanded: `--depth` reached.
-    Cut { fact: String },
+    Cut,
 }
 
 impl Node {
     pub fn fact(&self) -> &str {
-        match self {
-            Node::Input { fact, .. }
-            | Node::Rule { fact, .. }
-            | Node::Aggregate { fact, .. }
-            | Node::Assigned { fact, .. }
-            | Node::Seen { fact }
-            | Node::Cut { fact } => fact,
-        }
+        &self.fact
     }
 }
 
@@ -129,7 +158,7 @@ pub enum Premise {
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Contribution {
-    pub bindings: BTreeMap<String, String>,
+    pub bindings: Bindings,
     /// The aggregate's argument(s) for this contribution.
     pub value: String,
     /// Whether this contribution decided the result (for min/max/arg_*: the

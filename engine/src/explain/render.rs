@@ -1,7 +1,7 @@
 //! The text form of an explanation: an indented tree, one fact a line.
 
 use super::whynot::{names, AssignWhyNot, WhyNot};
-use super::{Explanation, Node, Premise};
+use super::{Explanation, How, Node, Premise};
 use std::fmt::Write;
 
 pub fn text(e: &Explanation) -> String {
@@ -39,12 +39,13 @@ fn pad(out: &mut String, depth: usize) {
 
 fn node(out: &mut String, n: &Node, depth: usize) {
     pad(out, depth);
-    match n {
-        Node::Input { fact, key, value, mod_revision, writer, .. } => {
+    let fact = &n.fact;
+    match &n.how {
+        How::Input { key, value, mod_revision, writer, .. } => {
             let by = writer.as_ref().map(|w| format!(", writer {w}")).unwrap_or_default();
             let _ = writeln!(out, "{fact}  ← key {key} = {value:?} (mod_revision {mod_revision}{by})");
         }
-        Node::Rule { fact, rule, bindings, premises, other_derivations } => {
+        How::Rule { rule, bindings, premises, other_derivations } => {
             let more = if *other_derivations > 0 { format!(" [+{other_derivations} other derivation(s)]") } else { String::new() };
             let _ = writeln!(out, "{fact}  ← rule {}{more}", rule.location);
             pad(out, depth + 2);
@@ -58,7 +59,7 @@ fn node(out: &mut String, n: &Node, depth: usize) {
                 premise(out, p, depth + 1);
             }
         }
-        Node::Aggregate { fact, rule, aggregate, contributions } => {
+        How::Aggregate { rule, aggregate, contributions } => {
             let _ = writeln!(out, "{fact}  ← {aggregate} over {} contribution(s), rule {}", contributions.len(), rule.location);
             pad(out, depth + 2);
             let _ = writeln!(out, "{}", rule.text);
@@ -72,7 +73,7 @@ fn node(out: &mut String, n: &Node, depth: usize) {
                 }
             }
         }
-        Node::Assigned { fact, premises, note, .. } => {
+        How::Assigned { premises, note, .. } => {
             let _ = writeln!(out, "{fact}  ← built-in assign");
             pad(out, depth + 2);
             let _ = writeln!(out, "{note}");
@@ -80,10 +81,10 @@ fn node(out: &mut String, n: &Node, depth: usize) {
                 node(out, p, depth + 1);
             }
         }
-        Node::Seen { fact } => {
+        How::Seen => {
             let _ = writeln!(out, "{fact}  (shown above)");
         }
-        Node::Cut { fact } => {
+        How::Cut => {
             let _ = writeln!(out, "{fact}  … (--depth reached)");
         }
     }
@@ -92,10 +93,10 @@ fn node(out: &mut String, n: &Node, depth: usize) {
 fn premise(out: &mut String, p: &Premise, depth: usize) {
     match p {
         Premise::Fact { proof, .. } => node(out, proof, depth),
-        Premise::Absent { literal, key, .. } => {
+        Premise::Absent { literal, fact, key } => {
             pad(out, depth);
-            let k = key.as_ref().map(|k| format!("  (no key {k})")).unwrap_or_default();
-            let _ = writeln!(out, "{literal}: absent{k}");
+            let k = key.as_ref().map(|k| format!(", no key {k}")).unwrap_or_default();
+            let _ = writeln!(out, "{fact} is absent  ({literal}{k})");
         }
         Premise::Condition { literal } => {
             pad(out, depth);
@@ -166,7 +167,7 @@ fn assign(out: &mut String, a: &AssignWhyNot, depth: usize) {
         pad(out, depth + 1);
         let _ = writeln!(out, "pending: {p}");
     }
-    for r in &a.reasons {
+    for r in a.reasons.iter().filter(|r| r.count > 0) {
         pad(out, depth + 1);
         let _ = writeln!(out, "{} × {}: {}", r.count, r.reason, names(&r.nodes, 20));
     }

@@ -70,7 +70,7 @@ pub struct RuleWhyNot {
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Failure {
-    pub bindings: BTreeMap<String, String>,
+    pub bindings: super::Bindings,
     /// Body literals that matched before the first failure.
     pub matched: usize,
     /// Every literal that fails under these bindings.
@@ -267,7 +267,9 @@ impl WhyNotCx<'_, '_> {
                 f.reason = "no matching fact".into();
                 f.nearest = self.nearest(*rel, &pattern)?;
                 if explain && depth < WHY_DEPTH.min(self.opts.depth) {
-                    f.because = Some(Box::new(self.why_not(*rel, &pattern, depth + 1)?));
+                    let because = self.why_not(*rel, &pattern, depth + 1)?;
+                    f.nearest.clear(); // the explanation below lists them
+                    f.because = Some(Box::new(because));
                 }
             }
             Step::AntiJoin { rel, filter, key } => {
@@ -303,9 +305,9 @@ impl WhyNotCx<'_, '_> {
         Ok(f)
     }
 
-    fn bindings(&self, rule: usize, b: &Binding) -> BTreeMap<String, String> {
+    fn bindings(&self, rule: usize, b: &Binding) -> super::Bindings {
         let vars = &self.db.program.rules[rule].vars;
-        vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), value_text(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
+        vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), super::Val::from(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
     }
 
     /// Every node against every constraint, for one pending instance.
@@ -483,8 +485,8 @@ fn leaf_reasons(w: &WhyNot, chain: &mut Vec<String>, out: &mut Vec<String>) {
 
 /// `: a, not b` — the first level of a proof, for a one-line reason.
 fn proof_premises(p: &Node) -> String {
-    match p {
-        Node::Rule { premises, .. } => {
+    match &p.how {
+        super::How::Rule { premises, .. } => {
             let parts: Vec<String> = premises
                 .iter()
                 .filter_map(|pr| match pr {
