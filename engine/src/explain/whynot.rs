@@ -83,6 +83,11 @@ pub struct FailedLiteral {
     pub literal: String,
     /// With the bindings filled in.
     pub instance: String,
+    /// For an atom: its relation and the pattern it asked for (null = any value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relation: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<Vec<Option<super::Val>>>,
     /// `no matching fact`, `holds` (a negated atom), `false` (a comparison),
     /// or the aggregate's actual value.
     pub reason: String,
@@ -214,7 +219,7 @@ impl WhyNotCx<'_, '_> {
         for b in frontier.iter().take(SHOWN) {
             if !matcher::head_agrees(plan, b, &group_pattern) {
                 let got = plan.head_row(&dense(b)).map(|r| row_text(program, plan.head, &r)).unwrap_or_default();
-                failures.push(Failure { bindings: self.bindings(plan.rule, b), matched: plan.steps.len(), failed: vec![FailedLiteral { literal: head_text(program, plan), instance: got, reason: "the head gives another fact".into(), nearest: vec![], proof: None, because: None }] });
+                failures.push(Failure { bindings: self.bindings(plan.rule, b), matched: plan.steps.len(), failed: vec![FailedLiteral { literal: head_text(program, plan), instance: got, relation: None, pattern: None, reason: "the head gives another fact".into(), nearest: vec![], proof: None, because: None }] });
             }
         }
         if plan.has_aggregate() && frontier.iter().any(|b| matcher::head_agrees(plan, b, &group_pattern)) {
@@ -225,7 +230,7 @@ impl WhyNotCx<'_, '_> {
             failures.push(Failure {
                 bindings: self.bindings(plan.rule, frontier.first().expect("some")),
                 matched: plan.steps.len(),
-                failed: vec![FailedLiteral { literal: head_text(program, plan), instance: fact_text(program, plan.head, pattern), reason: format!("the group's aggregate gives {}", actual.join(", ")), nearest: vec![], proof: None, because: None }],
+                failed: vec![FailedLiteral { literal: head_text(program, plan), instance: fact_text(program, plan.head, pattern), relation: None, pattern: None, reason: format!("the group's aggregate gives {}", actual.join(", ")), nearest: vec![], proof: None, because: None }],
             });
         }
         failures.sort_by(|a, b| b.matched.cmp(&a.matched));
@@ -259,11 +264,13 @@ impl WhyNotCx<'_, '_> {
         let program = self.db.program;
         let lit = &program.rules[plan.rule].body[i];
         let literal = program.sources.slice(lit.span).split_whitespace().collect::<Vec<_>>().join(" ");
-        let mut f = FailedLiteral { literal, instance: String::new(), reason: String::new(), nearest: vec![], proof: None, because: None };
+        let mut f = FailedLiteral { literal, instance: String::new(), relation: None, pattern: None, reason: String::new(), nearest: vec![], proof: None, because: None };
         match &plan.steps[i] {
             Step::Join { rel, filter, key, bind } => {
                 let pattern = matcher::atom_pattern(program.relations[*rel].arity(), filter, key, bind, b);
                 f.instance = fact_text(program, *rel, &pattern);
+                f.relation = Some(program.relations[*rel].name.clone());
+                f.pattern = Some(pattern.iter().map(|v| v.as_ref().map(super::Val::from)).collect());
                 f.reason = "no matching fact".into();
                 f.nearest = self.nearest(*rel, &pattern)?;
                 if explain && depth < WHY_DEPTH.min(self.opts.depth) {
@@ -275,6 +282,8 @@ impl WhyNotCx<'_, '_> {
             Step::AntiJoin { rel, filter, key } => {
                 let pattern = matcher::atom_pattern(program.relations[*rel].arity(), filter, key, &[], b);
                 f.instance = format!("not {}", fact_text(program, *rel, &pattern));
+                f.relation = Some(program.relations[*rel].name.clone());
+                f.pattern = Some(pattern.iter().map(|v| v.as_ref().map(super::Val::from)).collect());
                 f.reason = "holds".into();
                 if let Some(row) = matcher::matching(self.db, *rel, &pattern, filter)?.first() {
                     let mut prover = Prover::new(self.db, Options { depth: 1 });
