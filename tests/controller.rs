@@ -480,3 +480,45 @@ async fn apply_writes_user_facts_only_and_get_reads_them() {
     assert_eq!(v["facts"]["intent/user/service/web/instances"]["value"], "3");
     assert_eq!(v["facts"].as_object().unwrap().len(), 3);
 }
+
+#[tokio::test]
+async fn explain_reads_live_etcd_at_a_revision_and_shows_key_revisions() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let user = etcd.put("intent/user/service/web/instances", "3", None).await.unwrap().header().unwrap().revision();
+    let auto = etcd.put("intent/autoscaler/service/web/instances", "5", None).await.unwrap().header().unwrap().revision();
+    let c = Controller::start("explain", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+    let rules = shipped_rules();
+    let rules = rules.to_str().unwrap();
+    let at_five = revision(&mut etcd).await;
+    let out = ccattler(&["explain", "effective/service/web/instances", "--etcd", &etcd_url(), "--rules", rules]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&format!("at revision {at_five}")), "{text}");
+    assert!(text.contains("→ 5"), "the deciding contribution: {text}");
+    assert!(text.contains(&format!("key intent/autoscaler/service/web/instances = \"5\" (mod_revision {auto}, writer autoscaler)")), "{text}");
+    assert!(text.contains(&format!("key intent/user/service/web/instances = \"3\" (mod_revision {user}, writer user)")), "{text}");
+
+    // The autoscaler leaves; the past revision still explains 5, the latest 3.
+    etcd.delete("intent/autoscaler/service/web/instances", None).await.unwrap();
+    settled(&c, &mut etcd, T).await;
+    let past = ccattler(&["explain", "effective/service/web/instances=5", "--revision", &at_five.to_string(), "--etcd", &etcd_url(), "--rules", rules, "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&past.stdout).unwrap();
+    assert_eq!(v["holds"], true);
+    assert_eq!(v["revision"], at_five);
+    assert!(v["source"].as_str().unwrap().ends_with(&format!("at revision {at_five}")));
+    let now = ccattler(&["explain", "effective/service/web/instances=5", "--why-not", "--etcd", &etcd_url(), "--rules", rules, "--format", "json"]);
+    assert_eq!(now.status.code(), Some(1), "5 no longer holds");
+    let v: serde_json::Value = serde_json::from_slice(&now.stdout).unwrap();
+    assert_eq!(v["holds"], false);
+    assert_eq!(v["proofs"][0]["tuple"], serde_json::json!(["web", 3]), "what holds instead");
+    assert_eq!(v["stored"]["value"], "3");
+    let why = v["why_not"]["rules"][0]["failures"][0]["failed"][0]["reason"].as_str().unwrap();
+    assert!(why.contains("the group's aggregate gives effective_instances(\"web\", 3)"), "{v}");
+    // A key no rule knows is named.
+    let bad = ccattler(&["explain", "nothing/here", "--etcd", &etcd_url(), "--rules", rules]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("\"nothing/here\" is not a key any relation of the rules reads or derives"));
+    assert!(c.stop().success());
+}

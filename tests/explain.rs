@@ -50,3 +50,46 @@ fn golden_explanations_of_the_shipped_rules() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
+
+/// Every field name the golden JSON answers use is documented in docs/explain.md.
+#[test]
+fn the_json_schema_is_documented() {
+    fn keys(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    out.insert(k.clone());
+                    // Binding objects are keyed by the rules' variables.
+                    if k != "bindings" {
+                        keys(x, out);
+                    }
+                }
+            }
+            serde_json::Value::Array(xs) => xs.iter().for_each(|x| keys(x, out)),
+            _ => {}
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/explain.md")).unwrap();
+    let mut fields = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(root.join("tests/explain")).unwrap().flatten() {
+        if entry.path().extension().is_some_and(|x| x == "expected") {
+            let text = std::fs::read_to_string(entry.path()).unwrap();
+            // Each JSON answer is a pretty-printed object from a `{` line to a `}` line.
+            let mut block = String::new();
+            for line in text.lines() {
+                if line == "{" || !block.is_empty() {
+                    block.push_str(line);
+                    block.push('\n');
+                }
+                if line == "}" {
+                    keys(&serde_json::from_str(&block).unwrap(), &mut fields);
+                    block.clear();
+                }
+            }
+        }
+    }
+    assert!(fields.len() > 20, "found {} fields", fields.len());
+    let undocumented: Vec<&String> = fields.iter().filter(|f| !doc.contains(&format!("`{f}`"))).collect();
+    assert!(undocumented.is_empty(), "fields missing from docs/explain.md: {undocumented:?}");
+}
