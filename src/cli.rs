@@ -189,8 +189,13 @@ enum Command {
         #[arg(long)]
         why_not: bool,
         /// Explain over a facts file instead of live etcd.
-        #[arg(long, conflicts_with = "revision")]
+        #[arg(long, conflicts_with_all = ["revision", "controller"])]
         facts: Option<PathBuf>,
+        /// Ask a running controller (its --listen address, e.g.
+        /// http://127.0.0.1:9090): answered from its warm engine at the
+        /// revision it has applied, with no snapshot to read.
+        #[arg(long, conflicts_with = "revision")]
+        controller: Option<String>,
         /// Read etcd at this revision (default: the latest).
         #[arg(long)]
         revision: Option<i64>,
@@ -270,9 +275,10 @@ pub fn main() -> ExitCode {
         Command::Plan { etcd, rules } => plan(&etcd, &rules),
         Command::Apply { file, writer, etcd } => apply(&file, &writer, &etcd),
         Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
-        Command::Explain { key, why_not, facts, revision, etcd, rules, depth, format } => {
-            explain(&key, why_not, facts.as_deref(), revision, &etcd, &rules, depth, format)
-        }
+        Command::Explain { key, why_not, facts, controller, revision, etcd, rules, depth, format } => match controller {
+            Some(url) => explain_served(&url, &key, why_not, depth, format),
+            None => explain(&key, why_not, facts.as_deref(), revision, &etcd, &rules, depth, format),
+        },
         Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
         Command::Test { paths, rules, run, format } => test(paths, &rules, run.as_deref(), format),
     };
@@ -371,30 +377,22 @@ fn explain(
 ) -> anyhow::Result<ExitCode> {
     use ccattler_engine::explain;
     let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
-    let (key, value) = match asked.split_once('=') {
-        Some((k, v)) => (k.trim(), Some(v.trim())),
-        None => (asked.trim(), None),
-    };
-    let mut session = ccattler_engine::Session::new(program.clone(), 1)?;
+    let (key, value) = split_asked(asked);
     // Where the facts come from, and what the store holds at the key.
-    let (source, stored) = match facts {
+    let (session, source, stored) = match facts {
         Some(path) => {
+            let mut session = ccattler_engine::Session::new(program.clone(), 1)?;
             let lines = read_facts(path)?;
             let writes: Vec<(String, Option<String>)> = lines.iter().map(|f| (f.key.clone(), Some(f.value.clone()))).collect();
             session.write(&writes)?;
             let stored = session.stored_output(key).cloned().map(|v| (v, None));
-            (format!("facts file {}", path.display()), stored)
+            (session, format!("facts file {}", path.display()), stored)
         }
         None => {
             let cfg = etcd.config()?;
-            let (rev, snap) = runtime()?.block_on(async {
-                let mut client = ccattler_bridge::etcd::connect(&cfg).await?;
-                ccattler_bridge::etcd::snapshot_at(&mut client, &ccattler_bridge::controller::prefixes(&program), 5000, revision).await
-            })?;
+            let (session, rev, snap) = runtime()?.block_on(ccattler_bridge::explain::snapshot_session(&cfg, program.clone(), revision))?;
             let stored = snap.iter().find(|(k, _)| k == key).map(|(_, h)| (h.value.clone(), Some(h.mod_revision)));
-            let loaded: Vec<(String, String, u64)> = snap.into_iter().map(|(k, h)| (k, h.value, h.mod_revision as u64)).collect();
-            session.load(rev as u64, &loaded)?;
-            (format!("etcd {} at revision {rev}", cfg.endpoints.join(",")), stored)
+            (session, format!("etcd {} at revision {rev}", cfg.endpoints.join(",")), stored)
         }
     };
     let db = explain::Db::of_session(&session);
@@ -426,6 +424,50 @@ fn explain(
         }
     }
     // 0 when the asked fact holds, 1 when it does not.
+    Ok(if e.holds { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// `KEY` or `KEY=VALUE`.
+fn split_asked(asked: &str) -> (&str, Option<&str>) {
+    match asked.split_once('=') {
+        Some((k, v)) => (k.trim(), Some(v.trim())),
+        None => (asked.trim(), None),
+    }
+}
+
+/// `explain --controller URL`: asks a controller's `/explain`.
+fn explain_served(url: &str, asked: &str, why_not: bool, depth: usize, format: Format) -> anyhow::Result<ExitCode> {
+    use ccattler_bridge::http::{encode_query, get};
+    let hostport = url.strip_prefix("http://").unwrap_or(url).trim_end_matches('/');
+    let (host, port) = hostport.rsplit_once(':').ok_or_else(|| anyhow::anyhow!("--controller {url:?} is not http://HOST:PORT"))?;
+    let port: u16 = port.parse().map_err(|_| anyhow::anyhow!("--controller {url:?}: {port:?} is not a port"))?;
+    let (key, value) = split_asked(asked);
+    let mut path = format!("/explain?key={}&depth={depth}&why_not={why_not}", encode_query(key));
+    if let Some(v) = value {
+        path += &format!("&value={}", encode_query(v));
+    }
+    let (status, body) = runtime()?.block_on(get(host, port, &path)).ok_or_else(|| anyhow::anyhow!("no answer from the controller at {url}"))?;
+    let body = String::from_utf8_lossy(&body);
+    if status.as_u16() == 404 {
+        eprintln!("error: {}", body.trim_end());
+        return Ok(ExitCode::from(1));
+    }
+    if !status.is_success() {
+        anyhow::bail!("the controller at {url} answered {status}: {}", body.trim_end());
+    }
+    let e: ccattler_engine::explain::Explanation = serde_json::from_str(&body)?;
+    let source = format!("controller {url} at revision {}", e.revision);
+    match format {
+        Format::Text => {
+            println!("# {source}");
+            print!("{}", ccattler_engine::explain::render::text(&e));
+        }
+        Format::Json => {
+            let mut v = serde_json::to_value(&e)?;
+            v["source"] = serde_json::Value::String(source);
+            println!("{v}");
+        }
+    }
     Ok(if e.holds { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 

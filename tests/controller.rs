@@ -516,6 +516,19 @@ async fn explain_reads_live_etcd_at_a_revision_and_shows_key_revisions() {
     assert_eq!(v["stored"]["value"], "3");
     let why = v["why_not"]["rules"][0]["failures"][0]["failed"][0]["reason"].as_str().unwrap();
     assert!(why.contains("the group's aggregate gives effective_instances(\"web\", 3)"), "{v}");
+    // The controller answers too, from its warm engine, at the revision it has applied.
+    let url = format!("http://127.0.0.1:{}", c.port);
+    let served = ccattler(&["explain", "effective/service/web/instances", "--controller", &url]);
+    let text = String::from_utf8_lossy(&served.stdout);
+    assert!(served.status.success(), "{text}{}", String::from_utf8_lossy(&served.stderr));
+    assert!(text.contains(&format!("# controller {url} at revision")), "{text}");
+    assert!(text.contains(&format!("key intent/user/service/web/instances = \"3\" (mod_revision {user}, writer user)")), "{text}");
+    let served = ccattler(&["explain", "effective/service/web/instances=5", "--why-not", "--controller", &url, "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&served.stdout).unwrap();
+    assert_eq!(v["holds"], false);
+    assert_eq!(v["proofs"][0]["tuple"], serde_json::json!(["web", 3]));
+    let unknown = ccattler(&["explain", "nothing/here", "--controller", &url]);
+    assert_eq!(unknown.status.code(), Some(1));
     // A key no rule knows is named.
     let bad = ccattler(&["explain", "nothing/here", "--etcd", &etcd_url(), "--rules", rules]);
     assert_eq!(bad.status.code(), Some(1));

@@ -83,6 +83,8 @@ fn the_json_schema_is_documented() {
                     block.push('\n');
                 }
                 if line == "}" {
+                    // Clients read it back (explain --controller does).
+                    let _: ccattler_engine::explain::Explanation = serde_json::from_str(&block).unwrap();
                     keys(&serde_json::from_str(&block).unwrap(), &mut fields);
                     block.clear();
                 }

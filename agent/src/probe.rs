@@ -42,7 +42,8 @@ pub async fn run(method: &Method, host: &str, port: u16) -> bool {
 async fn attempt(method: &Method, host: &str, port: u16) -> bool {
     match method {
         Method::Tcp => tokio::net::TcpStream::connect((host, port)).await.is_ok(),
-        Method::Http(path) => http_get(host, port, path).await.is_some_and(|s| s.is_success()),
+        // A real HTTP/1.1 GET (hyper, via the bridge's client).
+        Method::Http(path) => ccattler_bridge::http::get(host, port, path).await.is_some_and(|(s, _)| s.is_success()),
         Method::Exec(cmd) => tokio::process::Command::new("/bin/sh")
             .args(["-c", cmd])
             .env("PORT", port.to_string())
@@ -55,20 +56,6 @@ async fn attempt(method: &Method, host: &str, port: u16) -> bool {
             .await
             .is_ok_and(|s| s.success()),
     }
-}
-
-/// GET `path` over HTTP/1.1; the status, or None when there is no answer.
-pub async fn http_get(host: &str, port: u16, path: &str) -> Option<hyper::StatusCode> {
-    let stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.ok()?;
-    let driver = tokio::spawn(conn);
-    let req = hyper::Request::get(path)
-        .header(hyper::header::HOST, format!("{host}:{port}"))
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .ok()?;
-    let status = sender.send_request(req).await.ok().map(|r| r.status());
-    driver.abort();
-    status
 }
 
 #[cfg(test)]

@@ -49,6 +49,8 @@ pub enum ControllerError {
 pub struct Shared {
     pub ready: AtomicBool,
     pub metrics: Metrics,
+    /// `/explain` questions for the controller's loop.
+    pub explain: tokio::sync::mpsc::Sender<crate::explain::Asked>,
 }
 
 /// Loads and checks the rules; errors carry the rendered diagnostics.
@@ -192,7 +194,8 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
 /// resigns and returns).
 pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<(), ControllerError> {
     let mut program = load_rules(&cfg.rules)?;
-    let shared = Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new() });
+    let (explain_tx, mut explain_rx) = tokio::sync::mpsc::channel::<crate::explain::Asked>(16);
+    let shared = Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new(), explain: explain_tx });
     if let Some(addr) = cfg.listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         info!(%addr, "serving /healthz, /readyz, /metrics");
@@ -363,6 +366,11 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         },
                         None => leader = take_over(&mut client, &cfg, r).await,
                     }
+                }
+                Some(asked) = explain_rx.recv() => {
+                    // Answered between revisions, from the state at r.revision().
+                    let answer = tokio::task::block_in_place(|| crate::explain::served(r, &asked.question));
+                    let _ = asked.reply.send(answer);
                 }
                 _ = stop.changed() => return resign(&mut client, leader).await,
                 _ = hup.recv() => match load_rules(&cfg.rules) {

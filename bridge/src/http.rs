@@ -2,19 +2,20 @@
 //! watching), `/metrics` (Prometheus text), served with axum.
 
 use crate::controller::Shared;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing;
 use axum::Router;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/healthz", routing::get(|| async { "ok\n" }))
+        .route("/readyz", routing::get(readyz))
+        .route("/metrics", routing::get(metrics))
+        .route("/explain", routing::get(explain))
         .with_state(shared);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "HTTP server stopped");
@@ -29,6 +30,62 @@ async fn readyz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     }
 }
 
+/// `GET /explain?key=K[&value=V][&why_not=true][&depth=N][&format=text]`:
+/// the explanation (JSON, docs/explain.md; or text) at the revision this
+/// controller has applied. 404 for a key no rule knows, 503 while loading.
+async fn explain(State(s): State<Arc<Shared>>, Query(q): Query<crate::explain::Question>, Query(f): Query<FormatParam>) -> axum::response::Response {
+    use ccattler_engine::explain::ExplainError;
+    if !s.ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: connecting to etcd or loading the snapshot\n").into_response();
+    }
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if s.explain.send(crate::explain::Asked { question: q, reply }).await.is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "the controller is stopping\n").into_response();
+    }
+    match answer.await {
+        Ok(Ok(e)) if f.format.as_deref() == Some("text") => ccattler_engine::explain::render::text(&e).into_response(),
+        Ok(Ok(e)) => axum::Json(e).into_response(),
+        Ok(Err(e @ (ExplainError::UnknownKey(_) | ExplainError::BadValue { .. }))) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+        // The loop dropped the question: it is reconnecting or reloading rules.
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "the controller is resynchronising; ask again\n").into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct FormatParam {
+    format: Option<String>,
+}
+
 async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
+}
+
+/// `GET http://host:port{path}` over HTTP/1.1: the status and body, or None
+/// when there is no answer. (The agent's HTTP probe and `explain
+/// --controller` use it.)
+pub async fn get(host: &str, port: u16, path: &str) -> Option<(StatusCode, bytes::Bytes)> {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.ok()?;
+    let driver = tokio::spawn(conn);
+    let req = hyper::Request::get(path).header(header::HOST, format!("{host}:{port}")).body(http_body_util::Empty::<bytes::Bytes>::new()).ok()?;
+    let resp = sender.send_request(req).await.ok()?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await.ok().map(|b| b.to_bytes());
+    driver.abort();
+    Some((status, body?))
+}
+
+/// Percent-encodes a query parameter value.
+pub fn encode_query(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

@@ -3,10 +3,12 @@
 //! [`reconcile`] is the synchronous core (no I/O): what etcd holds, what the
 //! rules derive, the writes between them. [`controller`] is the daemon around
 //! it: snapshot and watch, fenced transactions, leadership; [`etcd`] the
-//! etcd calls; [`http`] and [`metrics`] what operators scrape.
+//! etcd calls; [`http`] and [`metrics`] what operators scrape; [`explain`]
+//! answers `explain` from a controller's warm engine or a snapshot.
 
 pub mod controller;
 pub mod etcd;
+pub mod explain;
 pub mod http;
 pub mod metrics;
 pub mod reconcile;

@@ -98,6 +98,15 @@ impl Reconciler {
         self.revision
     }
 
+    /// The current tuples of any relation: inputs from the stored facts,
+    /// derived relations from the engine.
+    pub fn query(&self, rel: ccattler_parser::program::RelId) -> Result<Vec<ccattler_engine::Row>, EngineError> {
+        if self.program.relations[rel].kind == ccattler_parser::ast::DeclKind::Input {
+            return Ok(self.inputs.tuples(&self.program, rel));
+        }
+        self.engine.query(rel)
+    }
+
     /// Input facts plus derived keys.
     pub fn facts_held(&self) -> usize {
         self.inputs.facts.len() + self.outputs.resolved.len()

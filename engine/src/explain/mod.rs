@@ -24,7 +24,7 @@ use crate::value::{Row, Value};
 use ccattler_parser::ast::DeclKind;
 use ccattler_parser::program::{Program, RelId};
 pub use db::Db;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The JSON schema's name and version (docs/explain.md).
@@ -41,7 +41,7 @@ pub enum ExplainError {
 }
 
 /// A bound value: a JSON number or string; shown quoted when a string.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum Val {
     Int(i64),
@@ -70,7 +70,7 @@ impl std::fmt::Display for Val {
 pub type Bindings = BTreeMap<String, Val>;
 
 /// A rule, as users find it in their files.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RuleRef {
     /// `file:line`
     pub location: String,
@@ -84,7 +84,7 @@ impl RuleRef {
 }
 
 /// One node of a derivation tree: a fact, and how it holds.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Node {
     /// `relation("a", 3)`
     pub fact: String,
@@ -94,7 +94,7 @@ pub struct Node {
     pub how: How,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum How {
     /// A stored fact: the key, its value and the revision it was written at.
@@ -105,7 +105,7 @@ pub enum How {
         /// First key segment: desired, intent, observed, effective, placement, …
         namespace: String,
         /// For `intent/<writer>/…`: the writer.
-        #[serde(skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         writer: Option<String>,
     },
     /// Derived by a rule under these bindings, from these premises (one per body literal).
@@ -139,7 +139,7 @@ impl Node {
 }
 
 /// What one body literal contributed to a derivation.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Premise {
     /// A positive atom, matched by this fact.
@@ -149,14 +149,14 @@ pub enum Premise {
     Absent {
         literal: String,
         fact: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<String>,
     },
     /// A comparison, assignment or range that held.
     Condition { literal: String },
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Contribution {
     pub bindings: Bindings,
     /// The aggregate's argument(s) for this contribution.
@@ -168,9 +168,9 @@ pub struct Contribution {
 }
 
 /// What `explain` answers for one key.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Explanation {
-    pub schema: &'static str,
+    pub schema: String,
     pub key: String,
     /// The value asked about (`KEY=VALUE`), if any.
     pub value: Option<String>,
@@ -182,7 +182,7 @@ pub struct Explanation {
     pub proofs: Vec<Node>,
     /// When it does not hold (and `--why-not` was asked, or always when it
     /// does not hold): why.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why_not: Option<whynot::WhyNot>,
 }
 
@@ -249,7 +249,7 @@ pub fn explain(db: &Db, key: &str, value: Option<&str>, why_not: bool, opts: Opt
         proofs.push(prover.prove(rel, row).map_err(ExplainError::Facts)?);
     }
     let why_not = if !holds && why_not { Some(whynot::why_not(db, rel, &pattern, opts).map_err(ExplainError::Facts)?) } else { None };
-    Ok(Explanation { schema: SCHEMA, key: key.into(), value: value.map(str::to_string), revision: db.revision, holds, proofs, why_not })
+    Ok(Explanation { schema: SCHEMA.into(), key: key.into(), value: value.map(str::to_string), revision: db.revision, holds, proofs, why_not })
 }
 
 /// `rel("a", 3, _)`: a fact or pattern as users read it.

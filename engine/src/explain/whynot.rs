@@ -14,7 +14,7 @@ use super::{fact_text, row_text, value_text, Db, Node, Options, RuleRef};
 use crate::plan::{CHead, RulePlan, Step};
 use crate::value::Value;
 use ccattler_parser::program::{Builtin, RelId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Bindings carried from one literal to the next (more are counted, not followed).
@@ -26,39 +26,39 @@ const BECAUSE: usize = 3;
 /// How deep "because" goes.
 const WHY_DEPTH: usize = 6;
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct WhyNot {
     /// The fact or pattern (`_` = any value).
     pub fact: String,
     /// For a relation read from keys: the key, and what the store holds there.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<InputWhyNot>,
     /// Facts of the relation that agree with the pattern except in one column.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nearest: Vec<String>,
     pub rules: Vec<RuleWhyNot>,
     /// For the built-in `assign`: why no node took the instance.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assign: Option<AssignWhyNot>,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct InputWhyNot {
     /// The key (with `*` for columns the pattern leaves open).
     pub key: String,
     /// The value the store holds at the key, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored: Option<String>,
     /// Why the stored value was rejected, if it was.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected: Option<String>,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RuleWhyNot {
     pub rule: RuleRef,
     /// Set when the rule's head cannot give the fact at all.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_mismatch: Option<String>,
     /// Literals in the rule's body.
     pub literals: usize,
@@ -68,7 +68,7 @@ pub struct RuleWhyNot {
     pub more_failures: usize,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Failure {
     pub bindings: super::Bindings,
     /// Body literals that matched before the first failure.
@@ -77,35 +77,35 @@ pub struct Failure {
     pub failed: Vec<FailedLiteral>,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FailedLiteral {
     /// As written in the rule.
     pub literal: String,
     /// With the bindings filled in.
     pub instance: String,
     /// For an atom: its relation and the pattern it asked for (null = any value).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relation: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pattern: Option<Vec<Option<super::Val>>>,
     /// `no matching fact`, `holds` (a negated atom), `false` (a comparison),
     /// or the aggregate's actual value.
     pub reason: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nearest: Vec<String>,
     /// For a negated atom: the proof of the fact that exists.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proof: Option<Node>,
     /// For a missing derived fact: why it is missing.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub because: Option<Box<WhyNot>>,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AssignWhyNot {
     pub instance: String,
     /// The pending fact (service and requests), if the instance is pending.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<String>,
     /// The nodes considered (every value of a `node` column).
     pub nodes: usize,
@@ -118,7 +118,7 @@ pub struct AssignWhyNot {
     pub summary: String,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Reason {
     pub reason: String,
     pub count: usize,

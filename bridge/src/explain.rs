@@ -1,0 +1,57 @@
+//! `explain` against a live cluster, two ways:
+//!
+//! * [`served`]: a controller answers from its warm engine at the revision it
+//!   has applied (`GET /explain`), with no snapshot to read or load;
+//! * [`snapshot_session`]: one consistent snapshot of what the rules read, at
+//!   the latest revision or a past one, loaded into an offline session
+//!   (nothing is written).
+
+use crate::etcd::{self, EtcdConfig, EtcdError};
+use crate::reconcile::{Held, Reconciler};
+use ccattler_engine::explain::{self, Explanation, ExplainError, Options};
+use ccattler_engine::{Session, SessionError};
+use ccattler_parser::program::Program;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+}
+
+/// The rules' inputs and outputs as etcd holds them at `revision` (None:
+/// the latest), loaded into a session; with the revision and the raw keys.
+pub async fn snapshot_session(cfg: &EtcdConfig, program: Arc<Program>, revision: Option<i64>) -> Result<(Session, i64, Vec<(String, Held)>), LiveError> {
+    let mut client = etcd::connect(cfg).await?;
+    let (rev, snap) = etcd::snapshot_at(&mut client, &crate::controller::prefixes(&program), 5000, revision).await?;
+    let loaded: Vec<(String, String, u64)> = snap.iter().map(|(k, h)| (k.clone(), h.value.clone(), h.mod_revision as u64)).collect();
+    let mut session = Session::new(program, 1)?;
+    tokio::task::block_in_place(|| session.load(rev as u64, &loaded))?;
+    Ok((session, rev, snap))
+}
+
+/// One `/explain` question.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct Question {
+    pub key: String,
+    pub value: Option<String>,
+    #[serde(default)]
+    pub why_not: bool,
+    pub depth: Option<usize>,
+}
+
+/// Answers a question from a controller's state: its facts are etcd's at
+/// `r.revision()`.
+pub fn served(r: &Reconciler, q: &Question) -> Result<Explanation, ExplainError> {
+    let db = explain::Db::new(r.program(), &r.inputs, r.revision(), Box::new(move |rel| r.query(rel).map_err(|e| e.to_string())));
+    let opts = Options { depth: q.depth.unwrap_or(Options::default().depth) };
+    explain::explain(&db, &q.key, q.value.as_deref(), q.why_not, opts)
+}
+
+/// A question on its way from the HTTP server to the controller's loop.
+pub struct Asked {
+    pub question: Question,
+    pub reply: tokio::sync::oneshot::Sender<Result<Explanation, ExplainError>>,
+}
