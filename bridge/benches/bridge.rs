@@ -8,79 +8,24 @@
 //! write-back throughput beside raw, and put → derived key committed p50/p99.
 
 use ccattler_bridge::controller::{self, ControllerConfig};
-use ccattler_bridge::etcd::{self as e, EtcdConfig};
+use ccattler_bridge::etcd as e;
 use ccattler_engine::synth::{self, Params};
-use etcd_client::{Client, EventType, Txn, TxnOp, WatchOptions};
+use etcd_client::{EventType, WatchOptions};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn metric(port: u16, name: &str) -> Option<f64> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.lines().find_map(|l| l.strip_prefix(&format!("ccattler_{name} "))).and_then(|v| v.trim().parse().ok())
-}
-
-async fn wait(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Writes facts in 128-op transactions with 8 in flight; returns keys/s.
-async fn raw_write(client: &Client, facts: &[(String, String)]) -> f64 {
-    let t = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for chunk in facts.chunks(128) {
-        if set.len() >= 8 {
-            set.join_next().await.unwrap().unwrap();
-        }
-        let mut c = client.clone();
-        let ops: Vec<TxnOp> = chunk.iter().map(|(k, v)| TxnOp::put(k.as_str(), v.as_str(), None)).collect();
-        set.spawn(async move {
-            c.txn(Txn::new().and_then(ops)).await.expect("txn");
-        });
-    }
-    while set.join_next().await.is_some() {}
-    facts.len() as f64 / t.elapsed().as_secs_f64()
-}
+mod common;
+use common::*;
 
 fn main() {
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);
     let rules = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../rules"));
-    let dir = std::env::temp_dir().join(format!("ccattler-bench-etcd-{}", std::process::id()));
-    let (cport, pport) = (free_port(), free_port());
-    let url = format!("http://127.0.0.1:{cport}");
-    let peer = format!("http://127.0.0.1:{pport}");
-    let mut etcd = Command::new("etcd")
-        .args(["--name", "bench", "--data-dir", dir.join("data").to_str().unwrap(), "--quota-backend-bytes", "8589934592"])
-        .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
-        .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer, "--initial-cluster", &format!("bench={peer}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start etcd (is it installed?)");
+    let etcd = Etcd::start();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let cfg = EtcdConfig { endpoints: vec![url.clone()], ..EtcdConfig::default() };
-        let mut client = loop {
-            if let Ok(mut c) = e::connect(&cfg).await {
-                if c.get("x", None).await.is_ok() {
-                    break c;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let cfg = etcd.config();
+        let mut client = etcd.client().await;
         let facts = synth::cluster(&p);
         println!("cluster: {p:?}, {} input facts", facts.len());
         let raw = raw_write(&client, &facts).await;
@@ -147,7 +92,5 @@ fn main() {
         let _ = stop_tx.send(true);
         let _ = ctl.await;
     });
-    let _ = etcd.kill();
-    let _ = etcd.wait();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(etcd);
 }

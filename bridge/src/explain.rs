@@ -45,7 +45,7 @@ pub struct Question {
 /// Answers a question from a controller's state: its facts are etcd's at
 /// `r.revision()`.
 pub fn served(r: &Reconciler, q: &Question) -> Result<Explanation, ExplainError> {
-    let db = explain::Db::new(r.program(), &r.inputs, r.revision(), Box::new(move |rel| r.query(rel).map_err(|e| e.to_string())));
+    let db = explain::Db::over_engine(r.program(), &r.inputs, r.revision(), r.engine());
     let opts = Options { depth: q.depth.unwrap_or(Options::default().depth) };
     explain::explain(&db, &q.key, q.value.as_deref(), q.why_not, opts)
 }

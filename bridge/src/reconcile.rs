@@ -98,13 +98,9 @@ impl Reconciler {
         self.revision
     }
 
-    /// The current tuples of any relation: inputs from the stored facts,
-    /// derived relations from the engine.
-    pub fn query(&self, rel: ccattler_parser::program::RelId) -> Result<Vec<ccattler_engine::Row>, EngineError> {
-        if self.program.relations[rel].kind == ccattler_parser::ast::DeclKind::Input {
-            return Ok(self.inputs.tuples(&self.program, rel));
-        }
-        self.engine.query(rel)
+    /// The engine (for queries between revisions: `explain`).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// Input facts plus derived keys.

@@ -103,6 +103,23 @@ impl InputFacts {
     }
 }
 
+impl InputFacts {
+    /// The tuples of an input relation with the given values at the given
+    /// columns: a range of the stored keys, not a scan of the relation.
+    pub fn tuples_matching(&self, program: &Program, rel: RelId, bound: &[(usize, Value)]) -> Vec<Row> {
+        let Some(pattern) = &program.relations[rel].pattern else { return Vec::new() };
+        let prefix = pattern.prefix_with(|c| bound.iter().find(|(p, _)| *p == c).map(|(_, v)| v.to_string()));
+        self.facts
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter_map(|(k, f)| decode(program, k, &f.value).ok())
+            .flatten()
+            .filter(|(r, row)| *r == rel && bound.iter().all(|(p, v)| row[*p] == *v))
+            .map(|(_, row)| row)
+            .collect()
+    }
+}
+
 /// A derived key with more than one value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {

@@ -37,6 +37,8 @@ enum Cmd {
     Apply { batches: Vec<(u64, Vec<Change>)> },
     /// Read a relation's current tuples (each worker answers with its share).
     Query { rel: RelId, reply: Sender<Vec<Row>> },
+    /// Read the tuples that start with `prefix` (a seek in the arrangement).
+    Lookup { rel: RelId, prefix: Row, reply: Sender<Vec<Row>> },
 }
 
 /// What one worker reports after an `Apply`: output diffs at that revision.
@@ -148,6 +150,17 @@ impl Engine {
         rows.sort_by(|a, b| crate::value::cmp_rows(a, b));
         Ok(rows)
     }
+
+    /// The current tuples of a derived relation whose first columns equal
+    /// `prefix`: a seek in its arrangement, not a scan.
+    pub fn lookup(&self, rel: RelId, prefix: &[Value]) -> Result<Vec<Row>, EngineError> {
+        let (tx, rx) = channel();
+        for s in &self.senders {
+            s.send(Cmd::Lookup { rel, prefix: prefix.to_vec(), reply: tx.clone() }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
+        }
+        drop(tx);
+        Ok(rx.iter().flatten().collect())
+    }
 }
 
 impl Drop for Engine {
@@ -248,21 +261,32 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                 }
             }
             Cmd::Query { rel, reply } => {
-                let rows = traces.get_mut(&rel).map(read_trace).unwrap_or_default();
+                let rows = traces.get_mut(&rel).map(|t| read_trace(t, &[])).unwrap_or_default();
+                let _ = reply.send(rows);
+            }
+            Cmd::Lookup { rel, prefix, reply } => {
+                let rows = traces.get_mut(&rel).map(|t| read_trace(t, &prefix)).unwrap_or_default();
                 let _ = reply.send(rows);
             }
         }
     }
 }
 
-/// Every row with a positive count in a trace.
-fn read_trace(trace: &mut QueryTrace) -> Vec<Row> {
+/// Every row with a positive count in a trace that starts with `prefix`
+/// (rows are ordered, so that is a seek and a run).
+fn read_trace(trace: &mut QueryTrace, prefix: &[Value]) -> Vec<Row> {
     let mut upper = Antichain::new();
     trace.read_upper(&mut upper);
     let Some(batches) = trace.batches_through(upper.borrow()) else { return Vec::new() };
     let (mut cursor, storage) = cursor_list(batches);
     let mut rows = Vec::new();
+    if !prefix.is_empty() {
+        cursor.seek_key(&storage, &prefix.to_vec());
+    }
     while let Some(key) = cursor.get_key(&storage) {
+        if !key.starts_with(prefix) {
+            break;
+        }
         let mut count = 0isize;
         cursor.map_times(&storage, |_t, d| count += *d);
         if count > 0 {

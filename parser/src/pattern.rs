@@ -121,6 +121,26 @@ impl KeyPattern {
         key
     }
 
+    /// The literal text of every key whose leading placeholders have the
+    /// given values: up to the first placeholder `bound` has no value for
+    /// (ending in `/`), or the whole key when all are bound.
+    pub fn prefix_with(&self, bound: impl Fn(usize) -> Option<String>) -> String {
+        let mut p = String::new();
+        for (i, seg) in self.segments.iter().enumerate() {
+            if i > 0 {
+                p.push('/');
+            }
+            match seg {
+                Segment::Lit(l) => p.push_str(l),
+                Segment::Col(c) => match bound(*c) {
+                    Some(v) => p.push_str(&v),
+                    None => return p,
+                },
+            }
+        }
+        p
+    }
+
     /// The literal text before the first placeholder: what to read or watch in etcd.
     pub fn prefix(&self) -> String {
         let mut p = String::new();

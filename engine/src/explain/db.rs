@@ -13,6 +13,9 @@ use std::rc::Rc;
 
 /// Reads one relation's tuples (the engine's query).
 pub type Source<'a> = Box<dyn Fn(RelId) -> Result<Vec<Row>, String> + 'a>;
+/// Reads the tuples of a relation with given values at given columns, when
+/// it can do so without reading the whole relation (None: it cannot).
+pub type Lookup<'a> = Box<dyn Fn(RelId, &[(usize, Value)]) -> Option<Result<Vec<Row>, String>> + 'a>;
 
 struct Loaded {
     rows: Rc<Vec<Row>>,
@@ -27,17 +30,44 @@ pub struct Db<'a> {
     /// The revision the facts are at.
     pub revision: u64,
     source: Source<'a>,
+    some: Option<Lookup<'a>>,
     loaded: RefCell<HashMap<RelId, Loaded>>,
+    /// Keyed lookups answered without loading the relation.
+    looked_up: RefCell<HashMap<(RelId, Vec<(usize, Value)>), Rc<Vec<Row>>>>,
 }
 
 impl<'a> Db<'a> {
-    pub fn new(program: &'a Program, inputs: &'a InputFacts, revision: u64, source: Source<'a>) -> Db<'a> {
-        Db { program, inputs, revision, source, loaded: RefCell::new(HashMap::new()) }
+    pub fn new(program: &'a Program, inputs: &'a InputFacts, revision: u64, source: Source<'a>, some: Option<Lookup<'a>>) -> Db<'a> {
+        Db { program, inputs, revision, source, some, loaded: RefCell::new(HashMap::new()), looked_up: RefCell::new(HashMap::new()) }
+    }
+
+    /// Over an engine and the input facts that feed it: keyed lookups seek
+    /// in the engine's arrangements (leading columns) or range over the
+    /// stored keys, so an explanation reads what it needs, not every relation.
+    pub fn over_engine(program: &'a Program, inputs: &'a InputFacts, revision: u64, engine: &'a crate::Engine) -> Db<'a> {
+        let all: Source<'a> = Box::new(move |rel| {
+            if program.relations[rel].kind == DeclKind::Input {
+                return Ok(inputs.tuples(program, rel));
+            }
+            engine.query(rel).map_err(|e| e.to_string())
+        });
+        let some: Lookup<'a> = Box::new(move |rel, bound| {
+            if program.relations[rel].kind == DeclKind::Input {
+                return Some(Ok(inputs.tuples_matching(program, rel, bound)));
+            }
+            // The arrangement is ordered by whole rows: seek the bound leading columns.
+            let lead: Vec<Value> = (0..).map_while(|c| bound.iter().find(|(p, _)| *p == c).map(|(_, v)| *v)).collect();
+            if lead.is_empty() {
+                return None;
+            }
+            Some(engine.lookup(rel, &lead).map(|rows| rows.into_iter().filter(|r| bound.iter().all(|(p, v)| r[*p] == *v)).collect()).map_err(|e| e.to_string()))
+        });
+        Db::new(program, inputs, revision, all, Some(some))
     }
 
     /// From an offline session (facts file, or a snapshot loaded into one).
     pub fn of_session(s: &'a crate::Session) -> Db<'a> {
-        Db::new(s.program(), &s.inputs, s.revision(), Box::new(move |rel| s.query(rel).map_err(|e| e.to_string())))
+        Db::over_engine(s.program(), &s.inputs, s.revision(), s.engine())
     }
 
     fn load(&self, rel: RelId) -> Result<(), String> {
@@ -56,12 +86,30 @@ impl<'a> Db<'a> {
     }
 
     pub fn contains(&self, rel: RelId, row: &[Value]) -> Result<bool, String> {
+        if !self.loaded.borrow().contains_key(&rel) && self.some.is_some() {
+            let all: Vec<usize> = (0..row.len()).collect();
+            return Ok(self.lookup(rel, &all, row)?.iter().any(|r| r.as_slice() == row));
+        }
         self.load(rel)?;
         Ok(self.loaded.borrow()[&rel].set.contains(row))
     }
 
     /// Rows whose values at `positions` equal `values`.
     pub fn lookup(&self, rel: RelId, positions: &[usize], values: &[Value]) -> Result<Vec<Row>, String> {
+        // Not loaded: a keyed read, if the source can do one.
+        if !positions.is_empty() && !self.loaded.borrow().contains_key(&rel) {
+            if let Some(some) = &self.some {
+                let bound: Vec<(usize, Value)> = positions.iter().copied().zip(values.iter().copied()).collect();
+                if let Some(rows) = self.looked_up.borrow().get(&(rel, bound.clone())) {
+                    return Ok(rows.to_vec());
+                }
+                if let Some(rows) = some(rel, &bound) {
+                    let rows = Rc::new(rows?);
+                    self.looked_up.borrow_mut().insert((rel, bound), rows.clone());
+                    return Ok(rows.to_vec());
+                }
+            }
+        }
         let rows = self.rows(rel)?;
         if positions.is_empty() {
             return Ok(rows.to_vec());
@@ -98,14 +146,17 @@ impl<'a> Db<'a> {
         value_ok.then_some((key, fact))
     }
 
-    /// Every value that appears in a column named `column` of any relation:
-    /// the "nodes" of a why-not summary are everything in a `node` column.
+    /// Every value in a first column named `column` of any relation: the
+    /// "nodes" of a why-not summary are everything the relations about
+    /// nodes (`node_cpu(node, …)`, `ready(node)`, …) name.
     pub fn domain(&self, column: &str) -> Result<Vec<Value>, String> {
         let mut seen = BTreeMap::new();
         for (rel, r) in self.program.relations.iter().enumerate() {
-            let Some(pos) = r.columns.iter().position(|c| c.name == column) else { continue };
+            if r.columns.first().is_none_or(|c| c.name != column) {
+                continue;
+            }
             for row in self.rows(rel)?.iter() {
-                seen.entry(row[pos].to_string()).or_insert(row[pos]);
+                seen.entry(row[0].to_string()).or_insert(row[0]);
             }
         }
         Ok(seen.into_values().collect())

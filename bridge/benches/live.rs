@@ -1,0 +1,150 @@
+//! The live cluster against a real etcd holding the synthetic cluster
+//! (agents simulated by writing their facts).
+//!
+//! `cargo bench -p ccattler-bridge --bench live -- --explain [--nodes N --services N --instances N]`
+//!   explain any key of the converged cluster, and a why-not for an instance
+//!   no node can take, two ways: from one snapshot (read + load + explain),
+//!   and asked of a running controller (`GET /explain`, its warm engine).
+//!
+//! `cargo bench -p ccattler-bridge --bench live -- --placement [...]`
+//!   nodes and services registered, then every service's instances requested
+//!   at once: the time until every placement is committed (placements/s),
+//!   beside raw etcd write throughput measured in the same run.
+//!
+//! Defaults: 5,000 nodes, 1,000 services, 150,000 instances. Medians of
+//! `--repeat N` (default 5) where a measurement repeats.
+
+use ccattler_bridge::controller::{self, ControllerConfig};
+use ccattler_bridge::explain::snapshot_session;
+use ccattler_engine::explain;
+use ccattler_engine::synth::{self, Params};
+use etcd_client::GetOptions;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::*;
+
+fn rules() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../rules"))
+}
+
+fn median(mut xs: Vec<Duration>) -> f64 {
+    xs.sort();
+    xs[xs.len() / 2].as_secs_f64() * 1e3
+}
+
+fn controller_config(etcd: &Etcd, port: u16) -> ControllerConfig {
+    ControllerConfig {
+        etcd: etcd.config(),
+        rules: rules(),
+        workers: 1,
+        max_txn_ops: 128,
+        leader_ttl: 10,
+        id: "bench".into(),
+        listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+    }
+}
+
+fn main() {
+    let p = Params::from_args();
+    let repeat: usize = synth::arg("--repeat").unwrap_or(5);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    if std::env::args().any(|a| a == "--placement") {
+        rt.block_on(placement(&p));
+    } else {
+        rt.block_on(explain_bench(&p, repeat));
+    }
+}
+
+/// Nodes and services first; then every intent at once; then wait for every placement.
+async fn placement(p: &Params) {
+    let etcd = Etcd::start();
+    let client = etcd.client().await;
+    let facts = synth::unplaced(p);
+    let (intents, rest): (Vec<_>, Vec<_>) = facts.into_iter().partition(|(k, _)| k.starts_with("intent/"));
+    println!("placement: {p:?}: {} node and service facts, then {} intents", rest.len(), intents.len());
+    let raw = raw_write(&client, &rest).await;
+    println!("raw etcd write (128-op txns, 8 in flight): {raw:.0} keys/s");
+    let port = free_port();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ctl = tokio::spawn(controller::run_until(controller_config(&etcd, port), stop_rx));
+    let mut c = client.clone();
+    let rev = c.get("x", None).await.unwrap().header().unwrap().revision() as f64;
+    wait("the controller to settle on the nodes", || metric(port, "settled_revision").is_some_and(|s| s >= rev)).await;
+    let t = Instant::now();
+    raw_write(&client, &intents).await;
+    let mut placed = 0;
+    while placed < p.instances {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        placed = c.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count() as usize;
+    }
+    let took = t.elapsed().as_secs_f64();
+    println!(
+        "{placed} placements committed {took:.2} s after the intents: {:.0} placements/s ({:.0} keys/s written with the per-node view, = {:.0}% of raw)",
+        placed as f64 / took,
+        2.0 * placed as f64 / took,
+        100.0 * 2.0 * placed as f64 / took / raw
+    );
+    let _ = stop_tx.send(true);
+    let _ = ctl.await;
+}
+
+async fn explain_bench(p: &Params, repeat: usize) {
+    let etcd = Etcd::start();
+    let client = etcd.client().await;
+    let mut facts = synth::cluster(p);
+    // One service no node can take (it asks for more cpu than any node has).
+    let big = "huge";
+    facts.extend([
+        (format!("desired/service/{big}/image"), "builtin:http".to_string()),
+        (format!("desired/service/{big}/cpu"), (synth::NODE_CPU + 1).to_string()),
+        (format!("intent/user/service/{big}/instances"), "1".to_string()),
+    ]);
+    println!("explain: {p:?}, {} facts", facts.len());
+    raw_write(&client, &facts).await;
+    drop(facts);
+    let program = controller::load_rules(&rules()).expect("rules");
+    let questions = [
+        (format!("placement/instance/{}-0", synth::service_name(p.services / 2)), false),
+        (format!("effective/service/{}/instances", synth::service_name(7)), false),
+        (format!("endpoint/service/{0}/{0}-1", synth::service_name(3)), false),
+        (format!("placement/instance/{big}-0"), true),
+    ];
+
+    // One snapshot: read, load, explain.
+    let t = Instant::now();
+    let (session, rev, _) = snapshot_session(&etcd.config(), program.clone(), None).await.unwrap();
+    let loaded = t.elapsed();
+    println!("snapshot at revision {rev} read and loaded: {:.2} s", loaded.as_secs_f64());
+    for (key, why_not) in &questions {
+        let db = explain::Db::of_session(&session);
+        let t = Instant::now();
+        let e = explain::explain(&db, key, None, *why_not, explain::Options::default()).unwrap();
+        let took = t.elapsed();
+        assert_eq!(e.holds, !why_not, "{key}");
+        println!("  from the snapshot: {key}{}: {:.1} ms (+ {:.2} s snapshot)", if *why_not { " --why-not" } else { "" }, took.as_secs_f64() * 1e3, loaded.as_secs_f64());
+    }
+    drop(session);
+
+    // A running controller's warm engine.
+    let port = free_port();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ctl = tokio::spawn(controller::run_until(controller_config(&etcd, port), stop_rx));
+    let mut c = client.clone();
+    let rev = c.get("x", None).await.unwrap().header().unwrap().revision() as f64;
+    wait("the controller to settle", || metric(port, "settled_revision").is_some_and(|s| s >= rev)).await;
+    for (key, why_not) in &questions {
+        let path = format!("/explain?key={}&why_not={why_not}", ccattler_bridge::http::encode_query(key));
+        let mut times = Vec::new();
+        for _ in 0..repeat {
+            let t = Instant::now();
+            let (status, body) = ccattler_bridge::http::get("127.0.0.1", port, &path).await.expect("an answer");
+            times.push(t.elapsed());
+            assert!(status.is_success(), "{key}: {status} {}", String::from_utf8_lossy(&body));
+        }
+        println!("  asked of the controller: {key}{}: median {:.1} ms (n={repeat})", if *why_not { " --why-not" } else { "" }, median(times));
+    }
+    let _ = stop_tx.send(true);
+    let _ = ctl.await;
+}
