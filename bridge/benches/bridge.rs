@@ -17,6 +17,10 @@ use std::time::Instant;
 mod common;
 use common::*;
 
+/// The allocator the `ccattler` binary uses, so the numbers are its numbers.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);

@@ -46,6 +46,10 @@ fn controller_config(etcd: &Etcd, port: u16) -> ControllerConfig {
     }
 }
 
+/// The allocator the `ccattler` binary uses, so the numbers are its numbers.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let p = Params::from_args();
     let repeat: usize = synth::arg("--repeat").unwrap_or(5);
@@ -94,12 +98,17 @@ async fn explain_bench(p: &Params, repeat: usize) {
     let etcd = Etcd::start();
     let client = etcd.client().await;
     let mut facts = synth::cluster(p);
-    // One service no node can take (it asks for more cpu than any node has).
-    let big = "huge";
+    // Two services no node can take: one asks for more cpu than any node
+    // has (every node a candidate, none with room), one selects a label no
+    // node has (no node a candidate, each ruled out by the rules).
+    let (big, picky) = ("huge", "picky");
     facts.extend([
         (format!("desired/service/{big}/image"), "builtin:http".to_string()),
         (format!("desired/service/{big}/cpu"), (synth::NODE_CPU + 1).to_string()),
         (format!("intent/user/service/{big}/instances"), "1".to_string()),
+        (format!("desired/service/{picky}/image"), "builtin:http".to_string()),
+        (format!("desired/service/{picky}/selector/zone"), "nowhere".to_string()),
+        (format!("intent/user/service/{picky}/instances"), "1".to_string()),
     ]);
     println!("explain: {p:?}, {} facts", facts.len());
     raw_write(&client, &facts).await;
@@ -110,6 +119,7 @@ async fn explain_bench(p: &Params, repeat: usize) {
         (format!("effective/service/{}/instances", synth::service_name(7)), false),
         (format!("endpoint/service/{0}/{0}-1", synth::service_name(3)), false),
         (format!("placement/instance/{big}-0"), true),
+        (format!("placement/instance/{picky}-0"), true),
     ];
 
     // One snapshot: read, load, explain.

@@ -58,6 +58,10 @@ fn report(name: &str, lat: &mut Latency) -> Duration {
     pct(&lat.first, 0.5)
 }
 
+/// The allocator the `ccattler` binary uses, so the numbers are its numbers.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);

@@ -43,6 +43,14 @@ pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, R
     Ok(out)
 }
 
+/// The tuple of one input relation a stored key/value gives, if its pattern
+/// matches (a stored fact decoded when it was stored, so its values parse).
+fn decode_one(program: &Program, rel: RelId, key: &str, value: &str) -> Option<Row> {
+    let r = &program.relations[rel];
+    let parts = r.pattern.as_ref()?.match_key(key)?;
+    r.columns.iter().enumerate().map(|(i, col)| Value::parse(col.ty, parts[i].unwrap_or(value)).ok()).collect()
+}
+
 /// One stored fact: its value and the revision it was last written at. (Its
 /// tuples are not kept: decoding is deterministic, so a delete decodes again.)
 #[derive(Clone, Debug)]
@@ -95,10 +103,7 @@ impl InputFacts {
         self.facts
             .range(prefix.clone()..)
             .take_while(|(k, _)| k.starts_with(&prefix))
-            .filter_map(|(k, f)| decode(program, k, &f.value).ok())
-            .flatten()
-            .filter(|(r, _)| *r == rel)
-            .map(|(_, row)| row)
+            .filter_map(|(k, f)| decode_one(program, rel, k, &f.value))
             .collect()
     }
 }
@@ -112,10 +117,8 @@ impl InputFacts {
         self.facts
             .range(prefix.clone()..)
             .take_while(|(k, _)| k.starts_with(&prefix))
-            .filter_map(|(k, f)| decode(program, k, &f.value).ok())
-            .flatten()
-            .filter(|(r, row)| *r == rel && bound.iter().all(|(p, v)| row[*p] == *v))
-            .map(|(_, row)| row)
+            .filter_map(|(k, f)| decode_one(program, rel, k, &f.value))
+            .filter(|row| bound.iter().all(|(p, v)| row[*p] == *v))
             .collect()
     }
 }

@@ -34,11 +34,17 @@ pub struct Db<'a> {
     loaded: RefCell<HashMap<RelId, Loaded>>,
     /// Keyed lookups answered without loading the relation.
     looked_up: RefCell<HashMap<(RelId, Vec<(usize, Value)>), Rc<Vec<Row>>>>,
+    /// Keyed reads per relation: past [`KEYED_READS`], loading it whole and
+    /// indexing it is cheaper (a why-not across thousands of nodes).
+    reads: RefCell<HashMap<RelId, usize>>,
 }
+
+/// Keyed reads of one relation before it is loaded whole instead.
+const KEYED_READS: usize = 64;
 
 impl<'a> Db<'a> {
     pub fn new(program: &'a Program, inputs: &'a InputFacts, revision: u64, source: Source<'a>, some: Option<Lookup<'a>>) -> Db<'a> {
-        Db { program, inputs, revision, source, some, loaded: RefCell::new(HashMap::new()), looked_up: RefCell::new(HashMap::new()) }
+        Db { program, inputs, revision, source, some, loaded: RefCell::new(HashMap::new()), looked_up: RefCell::new(HashMap::new()), reads: RefCell::new(HashMap::new()) }
     }
 
     /// Over an engine and the input facts that feed it: keyed lookups seek
@@ -96,8 +102,15 @@ impl<'a> Db<'a> {
 
     /// Rows whose values at `positions` equal `values`.
     pub fn lookup(&self, rel: RelId, positions: &[usize], values: &[Value]) -> Result<Vec<Row>, String> {
-        // Not loaded: a keyed read, if the source can do one.
-        if !positions.is_empty() && !self.loaded.borrow().contains_key(&rel) {
+        // Not loaded: a keyed read, if the source can do one (and it has not
+        // been asked so often that a whole load is cheaper).
+        let reads = {
+            let mut r = self.reads.borrow_mut();
+            let n = r.entry(rel).or_default();
+            *n += 1;
+            *n
+        };
+        if !positions.is_empty() && reads <= KEYED_READS && !self.loaded.borrow().contains_key(&rel) {
             if let Some(some) = &self.some {
                 let bound: Vec<(usize, Value)> = positions.iter().copied().zip(values.iter().copied()).collect();
                 if let Some(rows) = self.looked_up.borrow().get(&(rel, bound.clone())) {
@@ -146,12 +159,13 @@ impl<'a> Db<'a> {
         value_ok.then_some((key, fact))
     }
 
-    /// Every value in a first column named `column` of any relation: the
-    /// "nodes" of a why-not summary are everything the relations about
-    /// nodes (`node_cpu(node, …)`, `ready(node)`, …) name.
+    /// Every value in a first column named `column` of an input relation:
+    /// the "nodes" of a why-not summary are every node the stored facts
+    /// about nodes (`node_cpu(node, …)`, …) name. (Derived relations hold
+    /// no value their inputs or rules do not.)
     pub fn domain(&self, column: &str) -> Result<Vec<Value>, String> {
         let mut seen = BTreeMap::new();
-        for (rel, r) in self.program.relations.iter().enumerate() {
+        for (rel, r) in self.program.inputs() {
             if r.columns.first().is_none_or(|c| c.name != column) {
                 continue;
             }

@@ -126,17 +126,33 @@ pub struct Reason {
 }
 
 pub fn why_not(db: &Db, rel: RelId, pattern: &[Option<Value>], opts: Options) -> Result<WhyNot, String> {
-    WhyNotCx { db, plans: crate::plan::plan(db.program), opts }.why_not(rel, pattern, 0)
+    let prover = std::cell::RefCell::new(Prover::new(db, Options { depth: 1 }));
+    WhyNotCx { db, plans: crate::plan::plan(db.program), opts, prover, memo: Default::default() }.why_not(rel, pattern, 0)
 }
 
 struct WhyNotCx<'d, 'a> {
     db: &'d Db<'a>,
     plans: Vec<RulePlan>,
     opts: Options,
+    /// Proves what exists where a negated literal fails (one level deep).
+    prover: std::cell::RefCell<Prover<'d, 'a>>,
+    /// Why-nots already worked out, by (relation, pattern, depth): two rules
+    /// failing on one missing fact explain it once.
+    memo: std::cell::RefCell<std::collections::HashMap<(RelId, Vec<Option<Value>>, usize), WhyNot>>,
 }
 
 impl WhyNotCx<'_, '_> {
     fn why_not(&self, rel: RelId, pattern: &[Option<Value>], depth: usize) -> Result<WhyNot, String> {
+        let key = (rel, pattern.to_vec(), depth);
+        if let Some(w) = self.memo.borrow().get(&key) {
+            return Ok(w.clone());
+        }
+        let w = self.why_not_uncached(rel, pattern, depth)?;
+        self.memo.borrow_mut().insert(key, w.clone());
+        Ok(w)
+    }
+
+    fn why_not_uncached(&self, rel: RelId, pattern: &[Option<Value>], depth: usize) -> Result<WhyNot, String> {
         let program = self.db.program;
         let r = &program.relations[rel];
         let mut out = WhyNot { fact: fact_text(program, rel, pattern), input: None, nearest: self.nearest(rel, pattern)?, rules: vec![], assign: None };
@@ -169,10 +185,10 @@ impl WhyNotCx<'_, '_> {
         }
         for skip in &fixed {
             let pos: Vec<usize> = fixed.iter().copied().filter(|p| p != skip).collect();
-            let vals: Vec<Value> = pos.iter().map(|p| pattern[*p].expect("fixed")).collect();
-            if pos.is_empty() && self.db.rows(rel)?.len() > 3 {
+            if pos.is_empty() {
                 continue; // "anything else in the relation" is not near
             }
+            let vals: Vec<Value> = pos.iter().map(|p| pattern[*p].expect("fixed")).collect();
             for row in self.db.lookup(rel, &pos, &vals)?.into_iter().take(3) {
                 out.push(row_text(self.db.program, rel, &row));
             }
@@ -286,8 +302,7 @@ impl WhyNotCx<'_, '_> {
                 f.pattern = Some(pattern.iter().map(|v| v.as_ref().map(super::Val::from)).collect());
                 f.reason = "holds".into();
                 if let Some(row) = matcher::matching(self.db, *rel, &pattern, filter)?.first() {
-                    let mut prover = Prover::new(self.db, Options { depth: 1 });
-                    f.proof = Some(prover.prove(*rel, row)?);
+                    f.proof = Some(self.prover.borrow_mut().prove(*rel, row)?);
                 }
             }
             Step::Filter { lhs, rhs, .. } => {
