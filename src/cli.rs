@@ -126,6 +126,10 @@ enum Command {
         /// Seconds between SIGTERM and SIGKILL when stopping an instance.
         #[arg(long, default_value_t = 5)]
         grace: u64,
+        /// Seconds between full re-reads of the specs and of what etcd holds
+        /// from this agent (placement changes are watched and act at once).
+        #[arg(long, default_value_t = 5)]
+        resync: u64,
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
     },
@@ -252,7 +256,7 @@ pub fn main() -> ExitCode {
             };
             controller(cfg)
         }
-        Command::Agent { etcd, node, cpu, memory, address, labels, ttl, state_dir, grace, log_format } => {
+        Command::Agent { etcd, node, cpu, memory, address, labels, ttl, state_dir, grace, resync, log_format } => {
             init_logging(log_format);
             let cfg = ccattler_agent::AgentConfig {
                 etcd: match etcd.config() {
@@ -267,7 +271,7 @@ pub fn main() -> ExitCode {
                 ttl,
                 state_dir,
                 grace: std::time::Duration::from_secs(grace),
-                resync: std::time::Duration::from_secs(1),
+                resync: std::time::Duration::from_secs(resync.max(1)),
             };
             agent(cfg)
         }

@@ -34,7 +34,7 @@ impl Agent {
         let node = format!("node-{n}");
         let address = format!("127.0.0.{}", 10 + n);
         let state_dir = root.join(&node);
-        let mut args: Vec<String> = ["agent", "--node", &node, "--address", &address, "--ttl", &TTL.to_string(), "--grace", "2"]
+        let mut args: Vec<String> = ["agent", "--node", &node, "--address", &address, "--ttl", &TTL.to_string(), "--grace", "2", "--resync", "1"]
             .iter()
             .map(|s| s.to_string())
             .collect();

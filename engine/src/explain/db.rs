@@ -37,6 +37,8 @@ pub struct Db<'a> {
     /// Keyed reads per relation: past [`KEYED_READS`], loading it whole and
     /// indexing it is cheaper (a why-not across thousands of nodes).
     reads: RefCell<HashMap<RelId, usize>>,
+    /// Each rule as users see it, and its body literals' text (made once).
+    texts: std::cell::OnceCell<Vec<(super::RuleRef, Vec<String>)>>,
 }
 
 /// Keyed reads of one relation before it is loaded whole instead.
@@ -44,7 +46,7 @@ const KEYED_READS: usize = 64;
 
 impl<'a> Db<'a> {
     pub fn new(program: &'a Program, inputs: &'a InputFacts, revision: u64, source: Source<'a>, some: Option<Lookup<'a>>) -> Db<'a> {
-        Db { program, inputs, revision, source, some, loaded: RefCell::new(HashMap::new()), looked_up: RefCell::new(HashMap::new()), reads: RefCell::new(HashMap::new()) }
+        Db { program, inputs, revision, source, some, loaded: RefCell::new(HashMap::new()), looked_up: RefCell::new(HashMap::new()), reads: RefCell::new(HashMap::new()), texts: std::cell::OnceCell::new() }
     }
 
     /// Over an engine and the input facts that feed it: keyed lookups seek
@@ -142,6 +144,27 @@ impl<'a> Db<'a> {
                 .clone()
         };
         Ok(index.get(values).map(|ids| ids.iter().map(|i| rows[*i].clone()).collect()).unwrap_or_default())
+    }
+
+    fn texts(&self) -> &[(super::RuleRef, Vec<String>)] {
+        self.texts.get_or_init(|| {
+            let words = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+            self.program
+                .rules
+                .iter()
+                .map(|r| (super::RuleRef::of(self.program, r.id), r.body.iter().map(|l| words(self.program.sources.slice(l.span))).collect()))
+                .collect()
+        })
+    }
+
+    /// A rule's location and text.
+    pub fn rule_ref(&self, rule: usize) -> super::RuleRef {
+        self.texts()[rule].0.clone()
+    }
+
+    /// The text of a rule's `i`-th body literal.
+    pub fn literal(&self, rule: usize, i: usize) -> String {
+        self.texts()[rule].1[i].clone()
     }
 
     pub fn is_input(&self, rel: RelId) -> bool {

@@ -3,7 +3,7 @@
 //! least height (so recursion always bottoms out), the others are counted.
 
 use super::matcher::{self, Binding, Evidence, Match};
-use super::{fact_text, row_text, value_text, Contribution, Db, How, Node, Options, Premise, RuleRef, Val};
+use super::{fact_text, row_text, value_text, Contribution, Db, How, Node, Options, Premise, Val};
 use crate::plan::{CHead, RulePlan};
 use crate::value::{Row, Value};
 use ccattler_parser::program::{Builtin, RelId};
@@ -216,7 +216,7 @@ impl<'d, 'a> Prover<'d, 'a> {
         let d = &derivations[chosen];
         let plan = &self.plans[d.plan];
         let rule = plan.rule;
-        let rule_ref = RuleRef::of(program, rule);
+        let rule_ref = self.db.rule_ref(rule);
         if plan.has_aggregate() {
             let plan = plan.clone();
             let (aggregate, decisive) = decisive(&plan, row);
@@ -239,10 +239,9 @@ impl<'d, 'a> Prover<'d, 'a> {
 
     fn premises(&mut self, plan: &RulePlan, m: &Match, depth: usize) -> Result<Vec<Premise>, String> {
         let program = self.db.program;
-        let body = &program.rules[plan.rule].body;
         let mut out = Vec::new();
-        for (lit, ev) in body.iter().zip(&m.evidence) {
-            let literal = program.sources.slice(lit.span).split_whitespace().collect::<Vec<_>>().join(" ");
+        for (i, ev) in m.evidence.iter().enumerate() {
+            let literal = self.db.literal(plan.rule, i);
             out.push(match ev {
                 Evidence::Fact(r, row) => Premise::Fact { literal, proof: self.node(*r, row, depth + 1)? },
                 Evidence::Absent(r, pattern) => {

@@ -127,7 +127,7 @@ pub struct Reason {
 
 pub fn why_not(db: &Db, rel: RelId, pattern: &[Option<Value>], opts: Options) -> Result<WhyNot, String> {
     let prover = std::cell::RefCell::new(Prover::new(db, Options { depth: 1 }));
-    WhyNotCx { db, plans: crate::plan::plan(db.program), opts, prover, memo: Default::default() }.why_not(rel, pattern, 0)
+    WhyNotCx { db, plans: crate::plan::plan(db.program), opts, prover, memo: Default::default(), lean: Default::default() }.why_not(rel, pattern, 0)
 }
 
 struct WhyNotCx<'d, 'a> {
@@ -136,14 +136,17 @@ struct WhyNotCx<'d, 'a> {
     opts: Options,
     /// Proves what exists where a negated literal fails (one level deep).
     prover: std::cell::RefCell<Prover<'d, 'a>>,
-    /// Why-nots already worked out, by (relation, pattern, depth): two rules
+    /// Why-nots already worked out, by (relation, pattern, depth, lean): two rules
     /// failing on one missing fact explain it once.
-    memo: std::cell::RefCell<std::collections::HashMap<(RelId, Vec<Option<Value>>, usize), WhyNot>>,
+    memo: std::cell::RefCell<std::collections::HashMap<(RelId, Vec<Option<Value>>, usize, bool), WhyNot>>,
+    /// Set while only the reasons matter (the per-node summary): nearest
+    /// facts and bindings, which nobody reads there, are skipped.
+    lean: std::cell::Cell<bool>,
 }
 
 impl WhyNotCx<'_, '_> {
     fn why_not(&self, rel: RelId, pattern: &[Option<Value>], depth: usize) -> Result<WhyNot, String> {
-        let key = (rel, pattern.to_vec(), depth);
+        let key = (rel, pattern.to_vec(), depth, self.lean.get());
         if let Some(w) = self.memo.borrow().get(&key) {
             return Ok(w.clone());
         }
@@ -180,7 +183,7 @@ impl WhyNotCx<'_, '_> {
     fn nearest(&self, rel: RelId, pattern: &[Option<Value>]) -> Result<Vec<String>, String> {
         let fixed: Vec<usize> = (0..pattern.len()).filter(|i| pattern[*i].is_some()).collect();
         let mut out = Vec::new();
-        if fixed.is_empty() {
+        if fixed.is_empty() || self.lean.get() {
             return Ok(out);
         }
         for skip in &fixed {
@@ -201,7 +204,7 @@ impl WhyNotCx<'_, '_> {
 
     fn rule(&self, plan: &RulePlan, pattern: &[Option<Value>], depth: usize) -> Result<RuleWhyNot, String> {
         let program = self.db.program;
-        let rule = RuleRef::of(program, plan.rule);
+        let rule = self.db.rule_ref(plan.rule);
         // Aggregates: the group is what the rule body decides; the value is the aggregate's.
         let group_pattern: Vec<Option<Value>> =
             plan.head_terms.iter().zip(pattern).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { *v }).collect();
@@ -278,8 +281,7 @@ impl WhyNotCx<'_, '_> {
 
     fn failed_literal(&self, plan: &RulePlan, b: &Binding, i: usize, depth: usize, explain: bool) -> Result<FailedLiteral, String> {
         let program = self.db.program;
-        let lit = &program.rules[plan.rule].body[i];
-        let literal = program.sources.slice(lit.span).split_whitespace().collect::<Vec<_>>().join(" ");
+        let literal = self.db.literal(plan.rule, i);
         let mut f = FailedLiteral { literal, instance: String::new(), relation: None, pattern: None, reason: String::new(), nearest: vec![], proof: None, because: None };
         match &plan.steps[i] {
             Step::Join { rel, filter, key, bind } => {
@@ -330,6 +332,9 @@ impl WhyNotCx<'_, '_> {
     }
 
     fn bindings(&self, rule: usize, b: &Binding) -> super::Bindings {
+        if self.lean.get() {
+            return super::Bindings::new();
+        }
         let vars = &self.db.program.rules[rule].vars;
         vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), super::Val::from(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
     }
@@ -378,7 +383,10 @@ impl WhyNotCx<'_, '_> {
             let mut reasons: Vec<String> = Vec::new();
             let cands = self.db.lookup(candidate, &[0, 1], &[service, *n])?;
             if cands.is_empty() {
-                let why = self.why_not(candidate, &[Some(service), Some(*n), None, None], depth + 1)?;
+                self.lean.set(true);
+                let why = self.why_not(candidate, &[Some(service), Some(*n), None, None], depth + 1);
+                self.lean.set(false);
+                let why = why?;
                 let mut leaves = Vec::new();
                 leaf_reasons(&why, &mut Vec::new(), &mut leaves);
                 // The node's own name becomes the column's, so nodes with the same reason group.
