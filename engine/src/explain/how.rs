@@ -269,16 +269,8 @@ fn decisive(plan: &RulePlan, row: &[Value]) -> (String, Option<Value>) {
     use ccattler_parser::ast::AggKind;
     for (t, v) in plan.head_terms.iter().zip(row) {
         if let CHead::Agg(kind, _) = t {
-            let name = match kind {
-                AggKind::Count => "count",
-                AggKind::Sum => "sum",
-                AggKind::Min => "min",
-                AggKind::Max => "max",
-                AggKind::ArgMax => "arg_max",
-                AggKind::ArgMin => "arg_min",
-            };
             let decided = !matches!(kind, AggKind::Count | AggKind::Sum);
-            return (name.into(), decided.then_some(*v));
+            return (kind.keyword().into(), decided.then_some(*v));
         }
     }
     (String::new(), None)
