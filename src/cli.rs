@@ -336,12 +336,23 @@ fn read_facts(path: &std::path::Path) -> anyhow::Result<Vec<ccattler_engine::fac
     Ok(ccattler_engine::factfile::parse(&path.display().to_string(), &text)?)
 }
 
-fn eval(facts: &std::path::Path, rules: &std::path::Path, format: Format, workers: usize) -> anyhow::Result<ExitCode> {
-    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
-    let lines = read_facts(facts)?;
+/// A facts file written into an offline session, run to a fixed point as
+/// the controller would; with the file's lines (for line numbers).
+fn session_from_facts(
+    program: std::sync::Arc<ccattler_parser::Program>,
+    path: &std::path::Path,
+    workers: usize,
+) -> anyhow::Result<(ccattler_engine::Session, Vec<ccattler_engine::factfile::FactLine>)> {
+    let lines = read_facts(path)?;
     let mut session = ccattler_engine::Session::new(program, workers)?;
     let writes: Vec<(String, Option<String>)> = lines.iter().map(|f| (f.key.clone(), Some(f.value.clone()))).collect();
     session.write(&writes)?;
+    Ok((session, lines))
+}
+
+fn eval(facts: &std::path::Path, rules: &std::path::Path, format: Format, workers: usize) -> anyhow::Result<ExitCode> {
+    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let (session, lines) = session_from_facts(program, facts, workers)?;
     let line_of = |key: &str| lines.iter().find(|f| f.key == key).map_or(0, |f| f.line);
     for (key, reason) in session.rejected() {
         eprintln!("{}:{}: rejected {key}: {reason}", facts.display(), line_of(key));
@@ -385,10 +396,7 @@ fn explain(
     // Where the facts come from, and what the store holds at the key.
     let (session, source, stored) = match facts {
         Some(path) => {
-            let mut session = ccattler_engine::Session::new(program.clone(), 1)?;
-            let lines = read_facts(path)?;
-            let writes: Vec<(String, Option<String>)> = lines.iter().map(|f| (f.key.clone(), Some(f.value.clone()))).collect();
-            session.write(&writes)?;
+            let (session, _) = session_from_facts(program.clone(), path, 1)?;
             let stored = session.stored_output(key).cloned().map(|v| (v, None));
             (session, format!("facts file {}", path.display()), stored)
         }
@@ -408,18 +416,25 @@ fn explain(
         }
         Err(e) => return Err(e.into()),
     };
+    print_explanation(&e, &source, stored, format)
+}
+
+/// Prints an explanation with where its facts came from and what the store
+/// holds at the key (value, and mod_revision when known); exit 0 when the
+/// asked fact holds, 1 when it does not.
+fn print_explanation(e: &ccattler_engine::explain::Explanation, source: &str, stored: Option<(String, Option<i64>)>, format: Format) -> anyhow::Result<ExitCode> {
     match format {
         Format::Text => {
             println!("# {source}");
             if let Some((v, rev)) = &stored {
                 let at = rev.map(|r| format!(" (mod_revision {r})")).unwrap_or_default();
-                println!("# the store holds {key} = {v:?}{at}");
+                println!("# the store holds {} = {v:?}{at}", e.key);
             }
-            print!("{}", explain::render::text(&e));
+            print!("{}", ccattler_engine::explain::render::text(e));
         }
         Format::Json => {
-            let mut v = serde_json::to_value(&e)?;
-            v["source"] = serde_json::Value::String(source);
+            let mut v = serde_json::to_value(e)?;
+            v["source"] = serde_json::Value::String(source.to_string());
             v["stored"] = match stored {
                 Some((value, rev)) => serde_json::json!({ "value": value, "mod_revision": rev }),
                 None => serde_json::Value::Null,
@@ -427,7 +442,6 @@ fn explain(
             println!("{v}");
         }
     }
-    // 0 when the asked fact holds, 1 when it does not.
     Ok(if e.holds { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
@@ -460,19 +474,7 @@ fn explain_served(url: &str, asked: &str, why_not: bool, depth: usize, format: F
         anyhow::bail!("the controller at {url} answered {status}: {}", body.trim_end());
     }
     let e: ccattler_engine::explain::Explanation = serde_json::from_str(&body)?;
-    let source = format!("controller {url} at revision {}", e.revision);
-    match format {
-        Format::Text => {
-            println!("# {source}");
-            print!("{}", ccattler_engine::explain::render::text(&e));
-        }
-        Format::Json => {
-            let mut v = serde_json::to_value(&e)?;
-            v["source"] = serde_json::Value::String(source);
-            println!("{v}");
-        }
-    }
-    Ok(if e.holds { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    print_explanation(&e, &format!("controller {url} at revision {}", e.revision), None, format)
 }
 
 /// `*.test` files under the given paths (default `<rules>/tests`), sorted.

@@ -64,15 +64,7 @@ impl Agent {
     /// SIGTERM; the exit status.
     fn terminate(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("running");
-        assert!(Command::new("kill").args(["-TERM", &c.id().to_string()]).status().unwrap().success());
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "agent did not stop on SIGTERM:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        terminate(&mut c, Duration::from_secs(15), &self.log)
     }
 }
 

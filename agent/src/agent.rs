@@ -135,6 +135,10 @@ pub struct Agent {
     written: BTreeMap<ObservedKey, Fact>,
     /// The last spec read, once one was.
     wanted: Option<BTreeMap<String, InstanceSpec>>,
+    /// Set by a fresh read: leftover instance dirs are swept once per read.
+    fresh: bool,
+    /// Persistent volumes on disk (read at start, added to as instances start).
+    volumes: BTreeSet<String>,
     conn: Option<Conn>,
     next_connect: Instant,
     backoff: Duration,
@@ -182,6 +186,8 @@ impl Agent {
             instances: BTreeMap::new(),
             written: BTreeMap::new(),
             wanted: None,
+            fresh: false,
+            volumes: BTreeSet::new(),
             conn: None,
             next_connect: Instant::now(),
             backoff: Duration::from_millis(250),
@@ -189,6 +195,7 @@ impl Agent {
             events: mpsc::unbounded_channel(),
             cfg,
         };
+        agent.volumes = agent.state.persistent_volumes().into_iter().collect();
         for (name, rec) in agent.state.records() {
             if runtime::alive(rec.pid, rec.start_time) {
                 tracing::info!(instance = %name, pid = rec.pid, "adopting an instance started by a previous run");
@@ -310,7 +317,7 @@ impl Agent {
             prefixes.push(format!("observed/instance/{i}/"));
             prefixes.push(format!("observed/probe_state/{i}/"));
         }
-        for v in self.state.persistent_volumes() {
+        for v in &self.volumes {
             prefixes.push(format!("observed/volume/{v}/"));
         }
         let mut out = BTreeMap::new();
@@ -349,6 +356,7 @@ impl Agent {
         match read {
             Ok((wanted, written)) => {
                 self.wanted = Some(wanted);
+                self.fresh = true;
                 self.written = written;
             }
             Err(e) => self.lost(&format!("reading placements: {e}")),
@@ -412,7 +420,14 @@ impl Agent {
 
     /// Makes the processes match the placements.
     fn converge(&mut self) -> Result<(), AgentError> {
-        let Some(wanted) = self.wanted.clone() else { return Ok(()) };
+        // Taken for the pass (methods below need `&mut self`), put back after.
+        let Some(wanted) = self.wanted.take() else { return Ok(()) };
+        let result = self.converge_to(&wanted);
+        self.wanted = Some(wanted);
+        result
+    }
+
+    fn converge_to(&mut self, wanted: &BTreeMap<String, InstanceSpec>) -> Result<(), AgentError> {
         // Stop what is no longer placed here; forget it once it has exited.
         let names: Vec<String> = self.instances.keys().cloned().collect();
         for name in names {
@@ -430,13 +445,16 @@ impl Agent {
                 self.state.remove_instance(&name)?;
             }
         }
-        // Leftover dirs of instances neither placed nor running (e.g. from a crash of the agent).
-        for dir in self.state.instance_dirs() {
-            if !wanted.contains_key(&dir) && !self.instances.contains_key(&dir) {
-                self.state.remove_instance(&dir)?;
+        // Leftover dirs of instances neither placed nor running (e.g. from a
+        // crash of the agent), once per fresh read.
+        if std::mem::take(&mut self.fresh) {
+            for dir in self.state.instance_dirs() {
+                if !wanted.contains_key(&dir) && !self.instances.contains_key(&dir) {
+                    self.state.remove_instance(&dir)?;
+                }
             }
         }
-        for (name, spec) in &wanted {
+        for (name, spec) in wanted {
             let launch = self.launch_for(name, spec);
             let inst = self.instances.entry(name.clone()).or_insert_with(|| Instance {
                 service: spec.service.clone(),
@@ -480,7 +498,11 @@ impl Agent {
                 (Phase::Running, true) => {}
                 (Phase::Crashed { retry_at, .. }, false) if Instant::now() < *retry_at && !changed => {}
                 (Phase::Failed(_), false) if !changed => {}
-                (_, false) => self.start(name, launch),
+                (_, false) => {
+                    self.start(name, launch);
+                    // Its persistent volumes exist on this node from now on.
+                    self.volumes.extend(spec.volumes.iter().filter(|(_, v)| v.persistent).map(|(v, _)| v.clone()));
+                }
                 (_, true) => {}
             }
         }
@@ -492,11 +514,7 @@ impl Agent {
     fn launch_for(&self, name: &str, spec: &InstanceSpec) -> Result<Option<Launch>, String> {
         let Some(image) = &spec.image else { return Ok(None) };
         runtime::command_for(image, name).map_err(|e| e.to_string())?;
-        let mut volumes = BTreeMap::new();
-        for (v, vs) in &spec.volumes {
-            let dir = self.state.volume(name, v, vs.persistent).map_err(|e| e.to_string())?;
-            volumes.insert(v.clone(), (dir, vs.mount.clone()));
-        }
+        let volumes = spec.volumes.iter().map(|(v, vs)| (v.clone(), (self.state.volume(name, v, vs.persistent), vs.mount.clone()))).collect();
         Ok(Some(Launch { image: image.clone(), config: spec.config.clone(), secrets: spec.secrets.clone(), volumes }))
     }
 
@@ -504,7 +522,10 @@ impl Agent {
         let inst = self.instances.get_mut(name).expect("started instances exist");
         let started = (|| {
             let port = runtime::free_port(&self.cfg.address).map_err(|e| format!("no free port on {}: {e}", self.cfg.address))?;
-            std::fs::create_dir_all(self.state.instance_dir(name)).map_err(|e| e.to_string())?;
+            self.state.create(&self.state.instance_dir(name)).map_err(|e| e.to_string())?;
+            for (dir, _) in launch.volumes.values() {
+                self.state.create(dir).map_err(|e| e.to_string())?;
+            }
             let id = Identity { instance: name, service: &inst.service, node: &self.cfg.node, host: &self.cfg.address, port };
             let child = runtime::spawn(&id, &launch, &self.state.log(name)).map_err(|e| e.to_string())?;
             let pid = child.id().ok_or("the process exited at once")?;
@@ -656,8 +677,8 @@ impl Agent {
         if let Some(wanted) = &self.wanted {
             let sizes: BTreeMap<&str, Option<i64>> =
                 wanted.values().flat_map(|s| s.volumes.iter().filter(|(_, v)| v.persistent).map(|(n, v)| (n.as_str(), v.size_gib))).collect();
-            for v in self.state.persistent_volumes() {
-                put(ObservedKey::volume(&v, "node"), node.clone(), false);
+            for v in &self.volumes {
+                put(ObservedKey::volume(v, "node"), node.clone(), false);
                 if let Some(Some(size)) = sizes.get(v.as_str()) {
                     put(ObservedKey::volume(&v, "size"), size.to_string(), false);
                 }

@@ -131,11 +131,19 @@ impl StateDir {
         }
     }
 
-    /// The directory of a volume, created if missing.
-    pub fn volume(&self, instance: &str, volume: &str, persistent: bool) -> Result<PathBuf, StateError> {
-        let dir = if persistent { self.root.join("volumes").join(volume) } else { self.instance_dir(instance).join("volumes").join(volume) };
-        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        Ok(dir)
+    /// Where a volume lives: persistent ones beside the instances, the
+    /// others inside their instance's dir. (Created when the instance starts.)
+    pub fn volume(&self, instance: &str, volume: &str, persistent: bool) -> PathBuf {
+        if persistent {
+            self.root.join("volumes").join(volume)
+        } else {
+            self.instance_dir(instance).join("volumes").join(volume)
+        }
+    }
+
+    /// Creates a directory the state dir hands out (a volume).
+    pub fn create(&self, dir: &Path) -> Result<(), StateError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))
     }
 
     /// Persistent volumes on this node.
@@ -178,11 +186,13 @@ mod tests {
         s.forget("web-0").unwrap();
         assert!(s.records().is_empty());
         assert_eq!(s.instance_dirs(), ["web-0"]);
-        let v = s.volume("web-0", "scratch", false).unwrap();
+        let v = s.volume("web-0", "scratch", false);
+        s.create(&v).unwrap();
         assert!(v.is_dir());
         s.remove_instance("web-0").unwrap();
         assert!(!v.exists());
-        let p = s.volume("web-0", "data", true).unwrap();
+        let p = s.volume("web-0", "data", true);
+        s.create(&p).unwrap();
         assert!(p.is_dir());
         assert_eq!(s.persistent_volumes(), ["data"]);
         std::fs::remove_dir_all(&root).unwrap();

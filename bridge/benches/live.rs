@@ -34,8 +34,16 @@ fn median(mut xs: Vec<Duration>) -> f64 {
     xs[xs.len() / 2].as_secs_f64() * 1e3
 }
 
-fn controller_config(etcd: &Etcd, port: u16) -> ControllerConfig {
-    ControllerConfig {
+/// A controller in this process, once it has settled on what etcd holds.
+struct Running {
+    port: u16,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), controller::ControllerError>>,
+}
+
+async fn start_controller(etcd: &Etcd) -> Running {
+    let port = free_port();
+    let cfg = ControllerConfig {
         etcd: etcd.config(),
         rules: rules(),
         workers: 1,
@@ -43,6 +51,18 @@ fn controller_config(etcd: &Etcd, port: u16) -> ControllerConfig {
         leader_ttl: 10,
         id: "bench".into(),
         listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+    };
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(controller::run_until(cfg, stop_rx));
+    let rev = etcd.client().await.get("x", None).await.unwrap().header().unwrap().revision() as f64;
+    wait("the controller to settle", || metric(port, "settled_revision").is_some_and(|s| s >= rev)).await;
+    Running { port, stop, task }
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
     }
 }
 
@@ -70,12 +90,8 @@ async fn placement(p: &Params) {
     println!("placement: {p:?}: {} node and service facts, then {} intents", rest.len(), intents.len());
     let raw = raw_write(&client, &rest).await;
     println!("raw etcd write (128-op txns, 8 in flight): {raw:.0} keys/s");
-    let port = free_port();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let ctl = tokio::spawn(controller::run_until(controller_config(&etcd, port), stop_rx));
+    let ctl = start_controller(&etcd).await;
     let mut c = client.clone();
-    let rev = c.get("x", None).await.unwrap().header().unwrap().revision() as f64;
-    wait("the controller to settle on the nodes", || metric(port, "settled_revision").is_some_and(|s| s >= rev)).await;
     let t = Instant::now();
     raw_write(&client, &intents).await;
     let mut placed = 0;
@@ -90,8 +106,7 @@ async fn placement(p: &Params) {
         2.0 * placed as f64 / took,
         100.0 * 2.0 * placed as f64 / took / raw
     );
-    let _ = stop_tx.send(true);
-    let _ = ctl.await;
+    ctl.stop().await;
 }
 
 async fn explain_bench(p: &Params, repeat: usize) {
@@ -138,12 +153,8 @@ async fn explain_bench(p: &Params, repeat: usize) {
     drop(session);
 
     // A running controller's warm engine.
-    let port = free_port();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let ctl = tokio::spawn(controller::run_until(controller_config(&etcd, port), stop_rx));
-    let mut c = client.clone();
-    let rev = c.get("x", None).await.unwrap().header().unwrap().revision() as f64;
-    wait("the controller to settle", || metric(port, "settled_revision").is_some_and(|s| s >= rev)).await;
+    let ctl = start_controller(&etcd).await;
+    let port = ctl.port;
     for (key, why_not) in &questions {
         let path = format!("/explain?key={}&why_not={why_not}", ccattler_bridge::http::encode_query(key));
         let mut times = Vec::new();
@@ -155,6 +166,5 @@ async fn explain_bench(p: &Params, repeat: usize) {
         }
         println!("  asked of the controller: {key}{}: median {:.1} ms (n={repeat})", if *why_not { " --why-not" } else { "" }, median(times));
     }
-    let _ = stop_tx.send(true);
-    let _ = ctl.await;
+    ctl.stop().await;
 }

@@ -98,17 +98,9 @@ impl InputFacts {
 
     /// The current tuples of an input relation, decoded from the stored facts.
     pub fn tuples(&self, program: &Program, rel: RelId) -> Vec<Row> {
-        let Some(pattern) = &program.relations[rel].pattern else { return Vec::new() };
-        let prefix = pattern.prefix();
-        self.facts
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .filter_map(|(k, f)| decode_one(program, rel, k, &f.value))
-            .collect()
+        self.tuples_matching(program, rel, &[])
     }
-}
 
-impl InputFacts {
     /// The tuples of an input relation with the given values at the given
     /// columns: a range of the stored keys, not a scan of the relation.
     pub fn tuples_matching(&self, program: &Program, rel: RelId, bound: &[(usize, Value)]) -> Vec<Row> {

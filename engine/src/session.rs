@@ -55,17 +55,6 @@ impl Session {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
-    /// The current tuples of any relation, sorted: inputs from the stored
-    /// facts, derived relations from the engine.
-    pub fn query(&self, rel: ccattler_parser::program::RelId) -> Result<Vec<crate::Row>, SessionError> {
-        let program = self.engine.program();
-        if program.relations[rel].kind == ccattler_parser::ast::DeclKind::Input {
-            let mut rows = self.inputs.tuples(program, rel);
-            rows.sort_by(|a, b| crate::value::cmp_rows(a, b));
-            return Ok(rows);
-        }
-        Ok(self.engine.query(rel)?)
-    }
     pub fn revision(&self) -> u64 {
         self.rev
     }

@@ -108,23 +108,13 @@ impl KeyPattern {
 
     /// Builds a key from each column's text (the value column's entry is ignored).
     pub fn render(&self, cols: &[String]) -> String {
-        let mut key = String::new();
-        for (i, seg) in self.segments.iter().enumerate() {
-            if i > 0 {
-                key.push('/');
-            }
-            match seg {
-                Segment::Lit(l) => key.push_str(l),
-                Segment::Col(c) => key.push_str(&cols[*c]),
-            }
-        }
-        key
+        self.prefix_with(|c| Some(&cols[c]))
     }
 
     /// The literal text of every key whose leading placeholders have the
     /// given values: up to the first placeholder `bound` has no value for
     /// (ending in `/`), or the whole key when all are bound.
-    pub fn prefix_with(&self, bound: impl Fn(usize) -> Option<String>) -> String {
+    pub fn prefix_with<S: AsRef<str>>(&self, bound: impl Fn(usize) -> Option<S>) -> String {
         let mut p = String::new();
         for (i, seg) in self.segments.iter().enumerate() {
             if i > 0 {
@@ -133,7 +123,7 @@ impl KeyPattern {
             match seg {
                 Segment::Lit(l) => p.push_str(l),
                 Segment::Col(c) => match bound(*c) {
-                    Some(v) => p.push_str(&v),
+                    Some(v) => p.push_str(v.as_ref()),
                     None => return p,
                 },
             }
@@ -141,20 +131,10 @@ impl KeyPattern {
         p
     }
 
-    /// The literal text before the first placeholder: what to read or watch in etcd.
+    /// The literal text before the first placeholder: what to read or watch
+    /// in etcd (the whole key for a pattern without placeholders).
     pub fn prefix(&self) -> String {
-        let mut p = String::new();
-        for seg in &self.segments {
-            match seg {
-                Segment::Lit(l) => {
-                    p.push_str(l);
-                    p.push('/');
-                }
-                Segment::Col(_) => return p,
-            }
-        }
-        p.pop(); // a pattern without placeholders is one exact key
-        p
+        self.prefix_with(|_| None::<&str>)
     }
 
     /// Whether some key could match both patterns.

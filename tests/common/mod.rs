@@ -107,15 +107,7 @@ impl Controller {
 
     /// SIGTERM and wait for the exit status.
     pub fn stop(mut self) -> std::process::ExitStatus {
-        self.signal("-TERM");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "controller did not stop on SIGTERM:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        terminate(&mut self.child, Duration::from_secs(10), &self.log)
     }
 }
 
@@ -123,6 +115,21 @@ impl Drop for Controller {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// SIGTERM to a child process and its exit status, within `within`; the
+/// assertion shows its log.
+pub fn terminate(child: &mut Child, within: Duration, log: &Path) -> std::process::ExitStatus {
+    let ok = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success();
+    assert!(ok, "kill -TERM");
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{} did not stop on SIGTERM:\n{}", log.display(), std::fs::read_to_string(log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -2,8 +2,8 @@
 //! it is matched with the fact's values fixed; the derivation shown is one of
 //! least height (so recursion always bottoms out), the others are counted.
 
-use super::matcher::{self, Binding, Evidence, Match};
-use super::{fact_text, row_text, value_text, Contribution, Db, How, Node, Options, Premise, Val};
+use super::matcher::{self, Evidence, Match};
+use super::{bindings, fact_text, pattern_key, row_text, value_text, Contribution, Db, How, Node, Options, Premise, Val};
 use crate::plan::{CHead, RulePlan};
 use crate::value::{Row, Value};
 use ccattler_parser::program::{Builtin, RelId};
@@ -99,6 +99,19 @@ impl<'d, 'a> Prover<'d, 'a> {
         })
     }
 
+    /// The greatest height among premises (0 for none), or None if one has
+    /// no proof that avoids the facts being proved above it.
+    fn tallest(&mut self, premises: Vec<Fact>) -> Result<Option<usize>, String> {
+        let mut tallest = 0;
+        for (r, p) in premises {
+            match self.height(r, &p)? {
+                Some(h) => tallest = tallest.max(h),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(tallest))
+    }
+
     /// Least height of a proof of the fact (inputs 0), or None if none exists
     /// without going through a fact being proved above it.
     fn height(&mut self, rel: RelId, row: &[Value]) -> Result<Option<usize>, String> {
@@ -115,24 +128,10 @@ impl<'d, 'a> Prover<'d, 'a> {
         let mut best: Option<usize> = None;
         if let Some(Builtin::Assign { pending, candidate, free }) = self.db.program.relations[rel].builtin {
             let parts = self.assign_premises(row, pending, candidate, free)?;
-            let mut h = Some(0);
-            for (r, p) in parts {
-                h = match (h, self.height(r, &p)?) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    _ => None,
-                };
-            }
-            best = h.map(|h| h + 1);
+            best = self.tallest(parts)?.map(|h| h + 1);
         } else {
             for d in self.derivations(rel, row)? {
-                let mut h = Some(0);
-                for (r, p) in Self::premises_of(&d).collect::<Vec<_>>() {
-                    h = match (h, self.height(r, &p)?) {
-                        (Some(a), Some(b)) => Some(a.max(b)),
-                        _ => None,
-                    };
-                }
-                if let Some(h) = h {
+                if let Some(h) = self.tallest(Self::premises_of(&d).collect())? {
                     best = Some(best.map_or(h + 1, |b: usize| b.min(h + 1)));
                 }
             }
@@ -185,7 +184,6 @@ impl<'d, 'a> Prover<'d, 'a> {
             for (r, p) in parts {
                 premises.push(self.node(r, &p, depth + 1)?);
             }
-            let node = |how: How| Node { fact: fact.clone(), relation: program.relations[rel].name.clone(), tuple: row.iter().map(Val::from).collect(), how };
             let note = format!(
                 "assign gave {} the first node with room among its service's candidates, ordered by (spread, score, node name), charging capacity as it went (docs/language.md)",
                 value_text(&row[0])
@@ -199,14 +197,7 @@ impl<'d, 'a> Prover<'d, 'a> {
         // The derivation of least height.
         let mut best: Option<(usize, usize)> = None;
         for (i, d) in derivations.iter().enumerate() {
-            let mut h = Some(0);
-            for (r, p) in Self::premises_of(d).collect::<Vec<_>>() {
-                h = match (h, self.height(r, &p)?) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    _ => None,
-                };
-            }
-            if let Some(h) = h {
+            if let Some(h) = self.tallest(Self::premises_of(d).collect())? {
                 if best.is_none_or(|(bh, _)| h < bh) {
                     best = Some((h, i));
                 }
@@ -226,14 +217,14 @@ impl<'d, 'a> Prover<'d, 'a> {
                 let decides = decisive.as_ref().is_none_or(|v| args.iter().any(|a| a == v));
                 let premises = self.premises(&plan, m, depth)?;
                 let value = args.iter().map(value_text).collect::<Vec<_>>().join(", ");
-                contributions.push(Contribution { bindings: self.bindings(rule, &m.binding), value, decides, premises });
+                contributions.push(Contribution { bindings: bindings(program, rule, &m.binding), value, decides, premises });
             }
             return Ok(node(How::Aggregate { rule: rule_ref, aggregate, contributions }));
         }
         let m = d.matches[0].clone();
         let plan = plan.clone();
         let premises = self.premises(&plan, &m, depth)?;
-        let bindings = self.bindings(rule, &m.binding);
+        let bindings = bindings(program, rule, &m.binding);
         Ok(node(How::Rule { rule: rule_ref, bindings, premises, other_derivations: derivations.len() - 1 }))
     }
 
@@ -245,21 +236,13 @@ impl<'d, 'a> Prover<'d, 'a> {
             out.push(match ev {
                 Evidence::Fact(r, row) => Premise::Fact { literal, proof: self.node(*r, row, depth + 1)? },
                 Evidence::Absent(r, pattern) => {
-                    let key = program.relations[*r].pattern.as_ref().filter(|_| self.db.is_input(*r)).map(|p| {
-                        let cols: Vec<String> = pattern.iter().map(|v| v.map_or("*".to_string(), |v| v.to_string())).collect();
-                        p.render(&cols)
-                    });
+                    let key = Some(*r).filter(|r| self.db.is_input(*r)).and_then(|r| pattern_key(program, r, pattern));
                     Premise::Absent { literal, fact: fact_text(program, *r, pattern), key }
                 }
                 Evidence::Held => Premise::Condition { literal },
             });
         }
         Ok(out)
-    }
-
-    fn bindings(&self, rule: usize, b: &Binding) -> super::Bindings {
-        let vars = &self.db.program.rules[rule].vars;
-        vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), super::Val::from(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
     }
 }
 

@@ -252,6 +252,18 @@ pub fn explain(db: &Db, key: &str, value: Option<&str>, why_not: bool, opts: Opt
     Ok(Explanation { schema: SCHEMA.into(), key: key.into(), value: value.map(str::to_string), revision: db.revision, holds, proofs, why_not })
 }
 
+/// A rule's named variables and their values (unbound ones left out).
+pub fn bindings(program: &Program, rule: usize, b: &[Option<Value>]) -> Bindings {
+    let vars = &program.rules[rule].vars;
+    vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), Val::from(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
+}
+
+/// The key of an input pattern, `*` for columns it leaves open.
+pub fn pattern_key(program: &Program, rel: RelId, pattern: &[Option<Value>]) -> Option<String> {
+    let cols: Vec<String> = pattern.iter().map(|v| v.map_or("*".to_string(), |v| v.to_string())).collect();
+    Some(program.relations[rel].pattern.as_ref()?.render(&cols))
+}
+
 /// `rel("a", 3, _)`: a fact or pattern as users read it.
 pub fn fact_text(program: &Program, rel: RelId, row: &[Option<Value>]) -> String {
     let r = &program.relations[rel];

@@ -101,6 +101,12 @@ pub struct FailedLiteral {
     pub because: Option<Box<WhyNot>>,
 }
 
+impl FailedLiteral {
+    fn new(literal: String, instance: String, reason: String) -> FailedLiteral {
+        FailedLiteral { literal, instance, relation: None, pattern: None, reason, nearest: vec![], proof: None, because: None }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AssignWhyNot {
     pub instance: String,
@@ -160,9 +166,7 @@ impl WhyNotCx<'_, '_> {
         let r = &program.relations[rel];
         let mut out = WhyNot { fact: fact_text(program, rel, pattern), input: None, nearest: self.nearest(rel, pattern)?, rules: vec![], assign: None };
         if self.db.is_input(rel) {
-            if let Some(p) = &r.pattern {
-                let cols: Vec<String> = pattern.iter().map(|v| v.map_or("*".to_string(), |v| v.to_string())).collect();
-                let key = p.render(&cols);
+            if let Some(key) = super::pattern_key(program, rel, pattern) {
                 let stored = self.db.inputs.facts.get(&key).map(|f| f.value.clone());
                 let rejected = self.db.inputs.rejected.get(&key).cloned();
                 out.input = Some(InputWhyNot { key, stored, rejected });
@@ -238,18 +242,17 @@ impl WhyNotCx<'_, '_> {
         for b in frontier.iter().take(SHOWN) {
             if !matcher::head_agrees(plan, b, &group_pattern) {
                 let got = plan.head_row(&dense(b)).map(|r| row_text(program, plan.head, &r)).unwrap_or_default();
-                failures.push(Failure { bindings: self.bindings(plan.rule, b), matched: plan.steps.len(), failed: vec![FailedLiteral { literal: head_text(program, plan), instance: got, relation: None, pattern: None, reason: "the head gives another fact".into(), nearest: vec![], proof: None, because: None }] });
+                failures.push(Failure { bindings: self.bindings(plan.rule, b), matched: plan.steps.len(), failed: vec![FailedLiteral::new(head_text(program, plan), got, "the head gives another fact".into())] });
             }
         }
         if plan.has_aggregate() && frontier.iter().any(|b| matcher::head_agrees(plan, b, &group_pattern)) {
             // The group exists; its aggregate is something else.
-            let group: Vec<Option<Value>> = group_pattern.clone();
-            let (pos, vals): (Vec<usize>, Vec<Value>) = group.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i, v))).unzip();
+            let (pos, vals): (Vec<usize>, Vec<Value>) = group_pattern.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i, v))).unzip();
             let actual: Vec<String> = self.db.lookup(plan.head, &pos, &vals)?.iter().map(|r| row_text(program, plan.head, r)).collect();
             failures.push(Failure {
                 bindings: self.bindings(plan.rule, frontier.first().expect("some")),
                 matched: plan.steps.len(),
-                failed: vec![FailedLiteral { literal: head_text(program, plan), instance: fact_text(program, plan.head, pattern), relation: None, pattern: None, reason: format!("the group's aggregate gives {}", actual.join(", ")), nearest: vec![], proof: None, because: None }],
+                failed: vec![FailedLiteral::new(head_text(program, plan), fact_text(program, plan.head, pattern), format!("the group's aggregate gives {}", actual.join(", ")))],
             });
         }
         failures.sort_by(|a, b| b.matched.cmp(&a.matched));
@@ -282,7 +285,7 @@ impl WhyNotCx<'_, '_> {
     fn failed_literal(&self, plan: &RulePlan, b: &Binding, i: usize, depth: usize, explain: bool) -> Result<FailedLiteral, String> {
         let program = self.db.program;
         let literal = self.db.literal(plan.rule, i);
-        let mut f = FailedLiteral { literal, instance: String::new(), relation: None, pattern: None, reason: String::new(), nearest: vec![], proof: None, because: None };
+        let mut f = FailedLiteral::new(literal, String::new(), String::new());
         match &plan.steps[i] {
             Step::Join { rel, filter, key, bind } => {
                 let pattern = matcher::atom_pattern(program.relations[*rel].arity(), filter, key, bind, b);
@@ -335,8 +338,7 @@ impl WhyNotCx<'_, '_> {
         if self.lean.get() {
             return super::Bindings::new();
         }
-        let vars = &self.db.program.rules[rule].vars;
-        vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), super::Val::from(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
+        super::bindings(self.db.program, rule, b)
     }
 
     /// Every node against every constraint, for one pending instance.
@@ -368,7 +370,7 @@ impl WhyNotCx<'_, '_> {
         let assigned = crate::builtin::assign(&p_rows, &c_rows, &f_rows);
         let mut charged: BTreeMap<Value, (i64, i64)> = BTreeMap::new();
         let mut taken_by: Option<Value> = None;
-        let requests: BTreeMap<Value, (i64, i64)> = all(pending)?.iter().map(|r| (r[0], (r[2].as_int().unwrap_or(0), r[3].as_int().unwrap_or(0)))).collect();
+        let requests: BTreeMap<Value, (i64, i64)> = p_rows.iter().map(|(i, _, c, m)| (*i, (*c, *m))).collect();
         for (i, n) in &assigned {
             if *i == instance {
                 taken_by = Some(*n);
@@ -387,11 +389,9 @@ impl WhyNotCx<'_, '_> {
                 let why = self.why_not(candidate, &[Some(service), Some(*n), None, None], depth + 1);
                 self.lean.set(false);
                 let why = why?;
-                let mut leaves = Vec::new();
-                leaf_reasons(&why, &mut Vec::new(), &mut leaves);
                 // The node's own name becomes the column's, so nodes with the same reason group.
                 let (quoted, raw) = (value_text(n), n.to_string());
-                for l in leaves {
+                for l in leaves(&why) {
                     let l = l.replace(&quoted, &node_col).replace(&format!("/{raw}/"), &format!("/{{{node_col}}}/"));
                     reasons.push(format!("not a candidate: {l}"));
                 }
@@ -479,7 +479,16 @@ pub fn names(names: &[String], max: usize) -> String {
     s
 }
 
-/// The deepest reasons in a why-not: chains of failing literals, `a ← b ← c`.
+/// The deepest reasons in a why-not: chains of failing literals, `a ← b ← c`,
+/// sorted, each once.
+fn leaves(w: &WhyNot) -> Vec<String> {
+    let mut out = Vec::new();
+    leaf_reasons(w, &mut Vec::new(), &mut out);
+    out.sort();
+    out.dedup();
+    out
+}
+
 fn leaf_reasons(w: &WhyNot, chain: &mut Vec<String>, out: &mut Vec<String>) {
     if let Some(i) = &w.input {
         let mut c = chain.clone();
@@ -511,8 +520,6 @@ fn leaf_reasons(w: &WhyNot, chain: &mut Vec<String>, out: &mut Vec<String>) {
             }
         }
     }
-    out.sort();
-    out.dedup();
 }
 
 /// `: a, not b` — the first level of a proof, for a one-line reason.
@@ -539,8 +546,7 @@ fn proof_premises(p: &Node) -> String {
 
 /// A one-line summary of a why-not.
 pub fn short(w: &WhyNot) -> String {
-    let mut leaves = Vec::new();
-    leaf_reasons(w, &mut Vec::new(), &mut leaves);
+    let leaves = leaves(w);
     if leaves.is_empty() {
         format!("no rule derives {}", w.fact)
     } else {
