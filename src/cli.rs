@@ -296,7 +296,11 @@ pub fn main() -> ExitCode {
 }
 
 fn default_rules(paths: Vec<PathBuf>) -> Vec<PathBuf> {
-    if paths.is_empty() { vec![PathBuf::from("rules")] } else { paths }
+    if paths.is_empty() {
+        vec![PathBuf::from("rules")]
+    } else {
+        paths
+    }
 }
 
 fn check(paths: Vec<PathBuf>, format: Format) -> anyhow::Result<ExitCode> {
@@ -422,7 +426,12 @@ fn explain(
 /// Prints an explanation with where its facts came from and what the store
 /// holds at the key (value, and mod_revision when known); exit 0 when the
 /// asked fact holds, 1 when it does not.
-fn print_explanation(e: &ccattler_engine::explain::Explanation, source: &str, stored: Option<(String, Option<i64>)>, format: Format) -> anyhow::Result<ExitCode> {
+fn print_explanation(
+    e: &ccattler_engine::explain::Explanation,
+    source: &str,
+    stored: Option<(String, Option<i64>)>,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
     match format {
         Format::Text => {
             println!("# {source}");
@@ -653,10 +662,8 @@ fn get(prefix: &str, etcd: &EtcdArgs, format: Format) -> anyhow::Result<ExitCode
             }
         }
         Format::Json => {
-            let facts: serde_json::Map<String, serde_json::Value> = kvs
-                .iter()
-                .map(|(k, h)| (k.clone(), serde_json::json!({ "value": h.value, "mod_revision": h.mod_revision })))
-                .collect();
+            let facts: serde_json::Map<String, serde_json::Value> =
+                kvs.iter().map(|(k, h)| (k.clone(), serde_json::json!({ "value": h.value, "mod_revision": h.mod_revision }))).collect();
             println!("{}", serde_json::json!({ "revision": rev, "facts": facts }));
         }
     }

@@ -5,11 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn ccattler(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ccattler"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run ccattler")
+    Command::new(env!("CARGO_BIN_EXE_ccattler")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("run ccattler")
 }
 
 fn text(b: &[u8]) -> String {

@@ -326,10 +326,8 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
     // The instance's environment: port, config, secret, volume.
     let pid = processes_of("db")["db-0"][0];
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
-    let env: BTreeMap<String, String> = environ
-        .split(|b| *b == 0)
-        .filter_map(|kv| String::from_utf8_lossy(kv).split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-        .collect();
+    let env: BTreeMap<String, String> =
+        environ.split(|b| *b == 0).filter_map(|kv| String::from_utf8_lossy(kv).split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect();
     assert_eq!(env["LOG_LEVEL"], "debug");
     assert_eq!(env["SECRET_DB_PASS"], "s3cret");
     assert_eq!(env["VOLUME_DATA_MOUNT"], "/var/lib/db");
@@ -427,7 +425,8 @@ async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_inst
     assert!(processes_of("app").is_empty());
     assert_eq!(get(&mut etcd, "observed/node/node-1/alive").await, None);
     assert!(keys(&mut etcd, "observed/instance/").await.is_empty());
-    let left: BTreeSet<String> = std::fs::read_dir(root.join("node-1/instances")).unwrap().flatten().map(|d| d.file_name().to_string_lossy().into_owned()).collect();
+    let left: BTreeSet<String> =
+        std::fs::read_dir(root.join("node-1/instances")).unwrap().flatten().map(|d| d.file_name().to_string_lossy().into_owned()).collect();
     assert!(left.is_empty(), "instance dirs removed: {left:?}");
 }
 
@@ -453,10 +452,7 @@ async fn instances_keep_running_while_etcd_is_down_and_the_agent_reconnects() {
         let mut etcd = etcd;
         let _ = etcd.child.kill();
         let _ = etcd.child.wait();
-        wait_for("the agent notices etcd is gone", T, || async {
-            std::fs::read_to_string(&agent.log).unwrap_or_default().contains("lost etcd")
-        })
-        .await;
+        wait_for("the agent notices etcd is gone", T, || async { std::fs::read_to_string(&agent.log).unwrap_or_default().contains("lost etcd") }).await;
         assert_eq!(processes_of("solo"), before, "instances keep running without etcd");
         etcd.restart()
     };

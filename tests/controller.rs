@@ -2,7 +2,6 @@
 //! against the real etcd that `scripts/test` starts (CCATTLER_ETCD). The tests
 //! share that etcd, so they run one at a time and start from an empty store.
 
-
 mod common;
 use common::*;
 use etcd_client::{Client, GetOptions};
@@ -160,11 +159,8 @@ async fn sighup_with_broken_rules_keeps_the_old_rules_and_good_rules_replace_the
     })
     .await;
 
-    std::fs::write(
-        dir.join("broken.rules"),
-        "output doubled(s: name, n: int) to \"status/doubled/{s}\"\ndoubled(s, n * 2) :- effective_instances(s, n).\n",
-    )
-    .unwrap();
+    std::fs::write(dir.join("broken.rules"), "output doubled(s: name, n: int) to \"status/doubled/{s}\"\ndoubled(s, n * 2) :- effective_instances(s, n).\n")
+        .unwrap();
     c.signal("-HUP");
     wait_for("the new rules run without a restart", T, || {
         let mut e = etcd.clone();
@@ -285,10 +281,7 @@ async fn etcd_restart_is_survived_without_losing_a_change() {
     client.put("intent/user/service/web/instances", "3", None).await.unwrap();
     wait_for("the change made across the restart is applied", Duration::from_secs(30), || {
         let mut e = client.clone();
-        async move {
-            get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3")
-                && keys(&mut e, "effective/instance/").await.len() == 3
-        }
+        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3") && keys(&mut e, "effective/instance/").await.len() == 3 }
     })
     .await;
     assert_eq!(http_status(port, "/readyz"), Some(200));
@@ -374,7 +367,11 @@ async fn a_conflict_is_recorded_and_the_key_keeps_its_value() {
     etcd.put("bump/web", "", None).await.unwrap();
     wait_for("the conflict is recorded", T, || {
         let mut e = etcd.clone();
-        async move { get(&mut e, "status/conflict/o/web").await.is_some_and(|v| v.contains("\"1\"") && v.contains("\"2\"") && v.contains("c.rules:5") && v.contains("c.rules:7")) }
+        async move {
+            get(&mut e, "status/conflict/o/web")
+                .await
+                .is_some_and(|v| v.contains("\"1\"") && v.contains("\"2\"") && v.contains("c.rules:5") && v.contains("c.rules:7"))
+        }
     })
     .await;
     settled(&c, &mut etcd, T).await;
@@ -443,7 +440,8 @@ async fn apply_writes_user_facts_only_and_get_reads_them() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let good = dir.join("good.facts");
-    std::fs::write(&good, "desired/service/web/image = nginx:1.28\nintent/user/service/web/instances = 3\ndesired/config/web/GREETING = \"hello world\"\n").unwrap();
+    std::fs::write(&good, "desired/service/web/image = nginx:1.28\nintent/user/service/web/instances = 3\ndesired/config/web/GREETING = \"hello world\"\n")
+        .unwrap();
     let out = ccattler(&["apply", good.to_str().unwrap(), "--etcd", &etcd_url()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(get(&mut etcd, "intent/user/service/web/instances").await.as_deref(), Some("3"));
@@ -471,10 +469,7 @@ async fn apply_writes_user_facts_only_and_get_reads_them() {
     etcd.delete("intent/autoscaler/service/web/instances", None).await.unwrap();
 
     let out = ccattler(&["get", "desired/", "--etcd", &etcd_url()]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "desired/config/web/GREETING = hello world\ndesired/service/web/image = nginx:1.28\n"
-    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "desired/config/web/GREETING = hello world\ndesired/service/web/image = nginx:1.28\n");
     let out = ccattler(&["get", "--format", "json", "--etcd", &etcd_url()]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["facts"]["intent/user/service/web/instances"]["value"], "3");
@@ -503,7 +498,18 @@ async fn explain_reads_live_etcd_at_a_revision_and_shows_key_revisions() {
     // The autoscaler leaves; the past revision still explains 5, the latest 3.
     etcd.delete("intent/autoscaler/service/web/instances", None).await.unwrap();
     settled(&c, &mut etcd, T).await;
-    let past = ccattler(&["explain", "effective/service/web/instances=5", "--revision", &at_five.to_string(), "--etcd", &etcd_url(), "--rules", rules, "--format", "json"]);
+    let past = ccattler(&[
+        "explain",
+        "effective/service/web/instances=5",
+        "--revision",
+        &at_five.to_string(),
+        "--etcd",
+        &etcd_url(),
+        "--rules",
+        rules,
+        "--format",
+        "json",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&past.stdout).unwrap();
     assert_eq!(v["holds"], true);
     assert_eq!(v["revision"], at_five);

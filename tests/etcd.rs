@@ -8,10 +8,8 @@ fn etcd_url() -> String {
 
 #[tokio::test]
 async fn etcd_from_scripts_test_answers() {
-    let mut client = tokio::time::timeout(Duration::from_secs(10), etcd_client::Client::connect([etcd_url()], None))
-        .await
-        .expect("connect within 10 s")
-        .expect("connect");
+    let mut client =
+        tokio::time::timeout(Duration::from_secs(10), etcd_client::Client::connect([etcd_url()], None)).await.expect("connect within 10 s").expect("connect");
     let key = format!("test/wiring/{}", std::process::id());
     client.put(key.as_str(), "ok", None).await.expect("put");
     let got = client.get(key.as_str(), None).await.expect("get");

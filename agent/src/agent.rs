@@ -8,12 +8,12 @@
 //! it lives, and otherwise takes a new one and registers again.
 
 use crate::keys::ObservedKey;
-use ccattler_parser::pattern::is_valid_name as is_name;
 use crate::probe;
 use crate::runtime::{self, Identity, Launch};
 use crate::spec::{self, InstanceSpec};
 use crate::state::{Record, StateDir, StateError};
 use ccattler_bridge::etcd::{connect, EtcdConfig};
+use ccattler_parser::pattern::is_valid_name as is_name;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchStream, Watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -173,7 +173,6 @@ impl AgentConfig {
         Ok(())
     }
 }
-
 
 impl Agent {
     /// Opens the state dir and adopts the instances a previous run left
@@ -707,10 +706,8 @@ impl Agent {
         }
         let result: Result<(), etcd_client::Error> = async {
             for chunk in puts.chunks(TXN_OPS) {
-                let ops: Vec<TxnOp> = chunk
-                    .iter()
-                    .map(|(k, f)| TxnOp::put(k.as_str(), f.value.as_str(), f.leased.then(|| PutOptions::new().with_lease(lease))))
-                    .collect();
+                let ops: Vec<TxnOp> =
+                    chunk.iter().map(|(k, f)| TxnOp::put(k.as_str(), f.value.as_str(), f.leased.then(|| PutOptions::new().with_lease(lease)))).collect();
                 conn.client.txn(Txn::new().and_then(ops)).await?;
                 for (k, f) in chunk {
                     self.written.insert(k.clone(), f.clone());

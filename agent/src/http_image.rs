@@ -26,9 +26,7 @@ pub async fn serve(instance: String) -> Result<(), ServeError> {
     let service = std::env::var("CCATTLER_SERVICE").unwrap_or_default();
     let node = std::env::var("CCATTLER_NODE").unwrap_or_default();
     let hello = format!("{instance} of {service} on {node}\n");
-    let app = axum::Router::new()
-        .route("/", get(move || async move { hello }))
-        .route("/healthz", get(|| async { "ok\n" }));
+    let app = axum::Router::new().route("/", get(move || async move { hello })).route("/healthz", get(|| async { "ok\n" }));
     let addr = format!("{host}:{port}");
     let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -39,11 +39,7 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 async fn prefix(client: &mut Client, p: &str) -> Result<Vec<(String, String)>, etcd_client::Error> {
     let resp = client.get(p, Some(GetOptions::new().with_prefix())).await?;
-    Ok(resp
-        .kvs()
-        .iter()
-        .filter_map(|kv| Some((kv.key_str().ok()?.strip_prefix(p)?.to_string(), kv.value_str().ok()?.to_string())))
-        .collect())
+    Ok(resp.kvs().iter().filter_map(|kv| Some((kv.key_str().ok()?.strip_prefix(p)?.to_string(), kv.value_str().ok()?.to_string()))).collect())
 }
 
 async fn value(client: &mut Client, key: &str) -> Result<Option<String>, etcd_client::Error> {

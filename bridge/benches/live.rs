@@ -148,7 +148,12 @@ async fn explain_bench(p: &Params, repeat: usize) {
         let e = explain::explain(&db, key, None, *why_not, explain::Options::default()).unwrap();
         let took = t.elapsed();
         assert_eq!(e.holds, !why_not, "{key}");
-        println!("  from the snapshot: {key}{}: {:.1} ms (+ {:.2} s snapshot)", if *why_not { " --why-not" } else { "" }, took.as_secs_f64() * 1e3, loaded.as_secs_f64());
+        println!(
+            "  from the snapshot: {key}{}: {:.1} ms (+ {:.2} s snapshot)",
+            if *why_not { " --why-not" } else { "" },
+            took.as_secs_f64() * 1e3,
+            loaded.as_secs_f64()
+        );
     }
     drop(session);
 

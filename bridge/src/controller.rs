@@ -6,7 +6,7 @@ use crate::etcd::{self, EtcdConfig, Fence, Written};
 use crate::metrics::Metrics;
 use crate::reconcile::{Event, Op, Reconciler};
 use ccattler_parser::program::Program;
-use etcd_client::{Client, Compare, CompareOp, EventType, LeaseKeeper, LeaseKeepAliveStream, PutOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{Client, Compare, CompareOp, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -121,9 +121,11 @@ struct Leadership {
 /// Tries to become leader: creates the leader key under a new lease if absent.
 async fn campaign(client: &mut Client, id: &str, ttl: i64) -> Result<Option<Leadership>, etcd_client::Error> {
     let lease = client.lease_grant(ttl, None).await?.id();
-    let txn = Txn::new()
-        .when([Compare::create_revision(LEADER_KEY, CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(LEADER_KEY, id, Some(PutOptions::new().with_lease(lease)))]);
+    let txn = Txn::new().when([Compare::create_revision(LEADER_KEY, CompareOp::Equal, 0)]).and_then([TxnOp::put(
+        LEADER_KEY,
+        id,
+        Some(PutOptions::new().with_lease(lease)),
+    )]);
     let resp = client.txn(txn).await?;
     if !resp.succeeded() {
         let _ = client.lease_revoke(lease).await;

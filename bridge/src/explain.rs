@@ -8,7 +8,7 @@
 
 use crate::etcd::{self, EtcdConfig, EtcdError};
 use crate::reconcile::{Held, Reconciler};
-use ccattler_engine::explain::{self, Explanation, ExplainError, Options};
+use ccattler_engine::explain::{self, ExplainError, Explanation, Options};
 use ccattler_engine::{Session, SessionError};
 use ccattler_parser::program::Program;
 use std::sync::Arc;

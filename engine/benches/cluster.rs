@@ -16,12 +16,7 @@ use std::time::{Duration, Instant};
 
 fn rss_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    status.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -196,7 +191,8 @@ fn placement(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize)
     );
     // One node dies: its instances go elsewhere.
     let victim = synth::node_name(0);
-    let on_victim = session.derived().range(format!("placement/node/{victim}/")..).take_while(|(k, _)| k.starts_with(&format!("placement/node/{victim}/"))).count();
+    let on_victim =
+        session.derived().range(format!("placement/node/{victim}/")..).take_while(|(k, _)| k.starts_with(&format!("placement/node/{victim}/"))).count();
     let t = Instant::now();
     session.write(&[(format!("observed/node/{victim}/alive"), None)]).expect("node death");
     let took = t.elapsed();

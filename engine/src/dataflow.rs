@@ -41,11 +41,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
             return a.clone();
         }
         let f = filter.clone();
-        let arr = self
-            .relation(rel)
-            .filter(move |row| f.accepts(row))
-            .map(move |row| (key_pos.iter().map(|p| row[*p]).collect::<Row>(), row))
-            .arrange_by_key();
+        let arr = self.relation(rel).filter(move |row| f.accepts(row)).map(move |row| (key_pos.iter().map(|p| row[*p]).collect::<Row>(), row)).arrange_by_key();
         self.arranged.insert(k, arr.clone());
         arr
     }
@@ -81,28 +77,22 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     let arr = self.arrangement(*rel, filter, key.iter().map(|(p, _)| *p).collect());
                     let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
                     let bind = bind.clone();
-                    b.map(move |row| (key_vars.iter().map(|v| row[*v]).collect::<Row>(), row))
-                        .join_core(arr, move |_k, binding: &Row, fact: &Row| {
-                            let mut out = binding.clone();
-                            for (pos, var) in &bind {
-                                out[*var] = fact[*pos];
-                            }
-                            finish.run(out)
-                        })
+                    b.map(move |row| (key_vars.iter().map(|v| row[*v]).collect::<Row>(), row)).join_core(arr, move |_k, binding: &Row, fact: &Row| {
+                        let mut out = binding.clone();
+                        for (pos, var) in &bind {
+                            out[*var] = fact[*pos];
+                        }
+                        finish.run(out)
+                    })
                 }
                 (Some(Step::AntiJoin { rel, filter, key }), b) => {
                     let b = b.unwrap_or_else(|| self.unit.clone().map(move |_| vec![Value::Int(0); nvars]));
                     let f = filter.clone();
                     let positions: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
-                    let present = self
-                        .relation(*rel)
-                        .filter(move |row| f.accepts(row))
-                        .map(move |row| positions.iter().map(|p| row[*p]).collect::<Row>())
-                        .distinct();
+                    let present =
+                        self.relation(*rel).filter(move |row| f.accepts(row)).map(move |row| positions.iter().map(|p| row[*p]).collect::<Row>()).distinct();
                     let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
-                    b.map(move |row| (key_vars.iter().map(|v| row[*v]).collect::<Row>(), row))
-                        .antijoin(present)
-                        .flat_map(move |(_, row)| finish.run(row))
+                    b.map(move |row| (key_vars.iter().map(|v| row[*v]).collect::<Row>(), row)).antijoin(present).flat_map(move |(_, row)| finish.run(row))
                 }
                 // No atom yet: start from the one empty row.
                 (None, None) => self.unit.clone().flat_map(move |_| finish.run(vec![Value::Int(0); nvars])),
@@ -205,11 +195,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     /// steady state (only services with pending instances have candidates).
     fn builtin(&mut self, b: &Builtin) -> Coll<'s, T> {
         let Builtin::Assign { pending, candidate, free } = *b;
-        let tagged: Vec<Coll<'s, T>> = [pending, candidate, free]
-            .into_iter()
-            .enumerate()
-            .map(|(i, rel)| tag(i, self.relation(rel)))
-            .collect();
+        let tagged: Vec<Coll<'s, T>> = [pending, candidate, free].into_iter().enumerate().map(|(i, rel)| tag(i, self.relation(rel))).collect();
         differential_dataflow::collection::concatenate(self.unit.scope(), tagged)
             .map(|row| ((), row))
             .reduce(|_unit, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
@@ -250,12 +236,7 @@ fn tag<'s, T: Timestamp + Lattice + Ord>(rule: usize, rows: Coll<'s, T>) -> Coll
 
 /// Builds every stratum into `scope`. `inputs` holds a collection per input
 /// relation.
-pub fn build<'s>(
-    program: &Program,
-    plans: &[Rc<RulePlan>],
-    inputs: BTreeMap<RelId, Coll<'s, u64>>,
-    unit: Coll<'s, u64>,
-) -> Built<'s> {
+pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<RelId, Coll<'s, u64>>, unit: Coll<'s, u64>) -> Built<'s> {
     let is_output = |rel: RelId| program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
     let mut attributed = BTreeMap::new();
     let mut traces = BTreeMap::new();

@@ -51,7 +51,11 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<FactLine>, FactFileError> {
 /// Formats a value for a facts file, quoting it when it would not read back as is.
 pub fn format_value(v: &str) -> String {
     let plain = !v.starts_with('"') && v.trim() == v && !v.contains(['\n', '#']);
-    if plain { v.to_string() } else { serde_json::to_string(v).expect("strings serialise") }
+    if plain {
+        v.to_string()
+    } else {
+        serde_json::to_string(v).expect("strings serialise")
+    }
 }
 
 #[cfg(test)]

@@ -73,12 +73,32 @@ impl AtomFilter {
 pub enum Step {
     /// Join bindings with the atom's relation on `key` (atom positions ⇔ bound
     /// variables); bind `bind` (atom position → new variable).
-    Join { rel: RelId, filter: AtomFilter, key: Vec<(usize, usize)>, bind: Vec<(usize, usize)> },
+    Join {
+        rel: RelId,
+        filter: AtomFilter,
+        key: Vec<(usize, usize)>,
+        bind: Vec<(usize, usize)>,
+    },
     /// Keep bindings with no fact matching on `key` (atom position ⇔ bound variable).
-    AntiJoin { rel: RelId, filter: AtomFilter, key: Vec<(usize, usize)> },
-    Filter { op: CmpOp, lhs: CExpr, rhs: CExpr },
-    Assign { var: usize, expr: CExpr },
-    Range { var: usize, lo: CExpr, hi: CExpr },
+    AntiJoin {
+        rel: RelId,
+        filter: AtomFilter,
+        key: Vec<(usize, usize)>,
+    },
+    Filter {
+        op: CmpOp,
+        lhs: CExpr,
+        rhs: CExpr,
+    },
+    Assign {
+        var: usize,
+        expr: CExpr,
+    },
+    Range {
+        var: usize,
+        lo: CExpr,
+        hi: CExpr,
+    },
 }
 
 #[derive(Clone, Debug)]

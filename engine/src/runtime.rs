@@ -186,7 +186,6 @@ pub fn consolidate(mut changes: Vec<Change>) -> Vec<Change> {
     out
 }
 
-
 fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiver<Cmd>, tx: Sender<Done>) {
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
     let outputs: Rc<RefCell<Vec<(RelId, Row, u64, isize)>>> = Rc::new(RefCell::new(Vec::new()));

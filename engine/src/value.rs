@@ -87,14 +87,10 @@ impl Value {
     /// Parses the text of a key segment or value into a column's type.
     pub fn parse(ty: Type, text: &str) -> Result<Value, String> {
         match ty {
-            Type::Int => text
-                .trim()
-                .parse::<i64>()
-                .map(Value::Int)
-                .map_err(|_| format!("`{text}` is not an int")),
-            Type::Name if !ccattler_parser::pattern::is_valid_name(text) => Err(format!(
-                "`{text}` is not a valid name: names are [a-z0-9]([a-z0-9._-]*[a-z0-9])?, at most 63 characters"
-            )),
+            Type::Int => text.trim().parse::<i64>().map(Value::Int).map_err(|_| format!("`{text}` is not an int")),
+            Type::Name if !ccattler_parser::pattern::is_valid_name(text) => {
+                Err(format!("`{text}` is not a valid name: names are [a-z0-9]([a-z0-9._-]*[a-z0-9])?, at most 63 characters"))
+            }
             Type::Name | Type::String => Ok(Value::str(text)),
         }
     }

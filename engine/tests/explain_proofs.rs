@@ -46,7 +46,11 @@ impl Checker<'_> {
         self.program
             .rules
             .iter()
-            .find(|r| r.head == head && self.program.rule_location(r.id) == location && self.program.rule_text(r.id).split_whitespace().collect::<Vec<_>>().join(" ") == text)
+            .find(|r| {
+                r.head == head
+                    && self.program.rule_location(r.id) == location
+                    && self.program.rule_text(r.id).split_whitespace().collect::<Vec<_>>().join(" ") == text
+            })
             .ok_or(format!("no rule {location} `{text}` derives {}", self.program.relations[head].name))
     }
 
@@ -163,8 +167,10 @@ impl Checker<'_> {
                     shown.insert(b);
                 }
                 // Every contribution is listed.
-                let all: BTreeSet<Vec<Option<Value>>> =
-                    body_bindings(&r, self.db).into_iter().filter(|b| r.head_terms.iter().zip(&row).all(|(t, v)| !matches!(t, HeadTerm::Expr(e) if eval_expr(e, b) != Some(*v)))).collect();
+                let all: BTreeSet<Vec<Option<Value>>> = body_bindings(&r, self.db)
+                    .into_iter()
+                    .filter(|b| r.head_terms.iter().zip(&row).all(|(t, v)| !matches!(t, HeadTerm::Expr(e) if eval_expr(e, b) != Some(*v))))
+                    .collect();
                 if all != shown {
                     return Err(format!("{}: {} contributions listed, {} exist", n.fact, shown.len(), all.len()));
                 }
@@ -266,7 +272,8 @@ fn run_case(seed: u64) -> Result<usize, String> {
                     for f in rw.failures.iter().flat_map(|f| &f.failed) {
                         let (Some(name), Some(pattern)) = (&f.relation, &f.pattern) else { continue };
                         let prel = checker.rel(name).map_err(ctx)?;
-                        let any = db.get(&prel).into_iter().flatten().any(|row| pattern.iter().zip(row).all(|(p, v)| p.as_ref().is_none_or(|p| value(p) == *v)));
+                        let any =
+                            db.get(&prel).into_iter().flatten().any(|row| pattern.iter().zip(row).all(|(p, v)| p.as_ref().is_none_or(|p| value(p) == *v)));
                         let claim_true = if f.reason == "holds" { any } else { !any };
                         if !claim_true {
                             return Err(ctx(format!("{key}: false claim `{}` — {}", f.instance, f.reason)));

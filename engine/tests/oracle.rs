@@ -137,7 +137,12 @@ fn many_revisions_at_once_equal_one_by_one() {
                 if changes.iter().any(|(r, x, _): &(usize, Row, isize)| (*r, x) == (t.0, &t.1)) {
                     continue;
                 }
-                let d = if present.remove(&t) { -1 } else { present.insert(t.clone()); 1 };
+                let d = if present.remove(&t) {
+                    -1
+                } else {
+                    present.insert(t.clone());
+                    1
+                };
                 changes.push((t.0, t.1, d));
             }
             batches.push((rev, changes));

@@ -207,8 +207,7 @@ impl AggKind {
             AggKind::ArgMax | AggKind::ArgMin => 2,
         }
     }
-    pub const ALL: [AggKind; 6] =
-        [AggKind::Count, AggKind::Sum, AggKind::Min, AggKind::Max, AggKind::ArgMax, AggKind::ArgMin];
+    pub const ALL: [AggKind; 6] = [AggKind::Count, AggKind::Sum, AggKind::Min, AggKind::Max, AggKind::ArgMax, AggKind::ArgMin];
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

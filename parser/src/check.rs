@@ -134,8 +134,10 @@ impl Checker {
             return; // a duplicate declaration, already reported
         }
         if call.name.name != "assign" {
-            self.error(Diagnostic::error("unknown-builtin", call.name.span, format!("unknown built-in `{}`", call.name.name))
-                .with_help("the built-in is `assign(pending, candidate, free)`"));
+            self.error(
+                Diagnostic::error("unknown-builtin", call.name.span, format!("unknown built-in `{}`", call.name.name))
+                    .with_help("the built-in is `assign(pending, candidate, free)`"),
+            );
             return;
         }
         use Type::{Int, String as Text};
@@ -146,8 +148,10 @@ impl Checker {
             ("free(node, cpu, memory)", &[Text, Int, Int]),
         ];
         if call.args.len() != 3 {
-            self.error(Diagnostic::error("builtin-arity", call.span, format!("`assign` takes 3 relations, found {}", call.args.len()))
-                .with_help("write `assign(pending, candidate, free)`"));
+            self.error(
+                Diagnostic::error("builtin-arity", call.span, format!("`assign` takes 3 relations, found {}", call.args.len()))
+                    .with_help("write `assign(pending, candidate, free)`"),
+            );
             return;
         }
         let mut ids = Vec::new();
@@ -155,17 +159,24 @@ impl Checker {
             let Some(rel) = self.lookup(arg) else { return };
             let cols: Vec<Type> = self.relations[rel].columns.iter().map(|c| c.ty).collect();
             if cols.len() != types.len() || cols.iter().zip(types).any(|(a, b)| !a.compatible(*b)) {
-                self.error(Diagnostic::error("builtin-signature", arg.span, format!("`{}` does not have the columns of {role}", arg.name))
-                    .with_help(format!("declare it with columns of types ({})", types.iter().map(|t| if t.is_text() { "name" } else { "int" }).collect::<Vec<_>>().join(", ")))
-                    .with_note(self.relations[rel].span, "declared here"));
+                self.error(
+                    Diagnostic::error("builtin-signature", arg.span, format!("`{}` does not have the columns of {role}", arg.name))
+                        .with_help(format!(
+                            "declare it with columns of types ({})",
+                            types.iter().map(|t| if t.is_text() { "name" } else { "int" }).collect::<Vec<_>>().join(", ")
+                        ))
+                        .with_note(self.relations[rel].span, "declared here"),
+                );
                 return;
             }
             ids.push(rel);
         }
         let own: Vec<Type> = self.relations[id].columns.iter().map(|c| c.ty).collect();
         if own.len() != 2 || !own.iter().all(|t| t.is_text()) {
-            self.error(Diagnostic::error("builtin-signature", d.name.span, format!("`{}` must have the columns (instance: name, node: name)", d.name.name))
-                .with_help("an assignment relation pairs each assigned instance with its node"));
+            self.error(
+                Diagnostic::error("builtin-signature", d.name.span, format!("`{}` must have the columns (instance: name, node: name)", d.name.name))
+                    .with_help("an assignment relation pairs each assigned instance with its node"),
+            );
             return;
         }
         self.relations[id].builtin = Some(Builtin::Assign { pending: ids[0], candidate: ids[1], free: ids[2] });
@@ -254,7 +265,13 @@ impl Checker {
                             ExprKind::Wildcard => Term::Wildcard,
                             ExprKind::Var(v) => {
                                 let slot = vars.slot(v, e.span);
-                                self.unify_var(&mut vars, slot, col_ty, e.span, &format!("column `{}` of `{}`", self.relations[rel].columns[i].name, a.relation.name));
+                                self.unify_var(
+                                    &mut vars,
+                                    slot,
+                                    col_ty,
+                                    e.span,
+                                    &format!("column `{}` of `{}`", self.relations[rel].columns[i].name, a.relation.name),
+                                );
                                 Term::Var(slot)
                             }
                             ExprKind::Lit(l) => {
@@ -268,8 +285,10 @@ impl Checker {
                                 let mut names = BTreeSet::new();
                                 collect_vars(e, &mut names);
                                 poisoned.extend(names.iter().map(|n| vars.slot(n, e.span)));
-                                self.error(Diagnostic::error("expression-in-atom", e.span, "an atom's arguments are variables, constants or `_`")
-                                    .with_help("bind the expression first: `x = <expression>`, then use `x` in the atom"));
+                                self.error(
+                                    Diagnostic::error("expression-in-atom", e.span, "an atom's arguments are variables, constants or `_`")
+                                        .with_help("bind the expression first: `x = <expression>`, then use `x` in the atom"),
+                                );
                                 Term::Wildcard
                             }
                         };
@@ -401,10 +420,9 @@ impl Checker {
                 _ => {}
             }
             let list = names.into_iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
-            self.error(
-                Diagnostic::error("unsafe-variable", p.span, format!("{list} not bound by any positive atom"))
-                    .with_help("every variable used in `not`, a comparison or a range bound must also appear in a positive atom, or be bound by `x = …` or `x in lo..hi`"),
-            );
+            self.error(Diagnostic::error("unsafe-variable", p.span, format!("{list} not bound by any positive atom")).with_help(
+                "every variable used in `not`, a comparison or a range bound must also appear in a positive atom, or be bound by `x = …` or `x in lo..hi`",
+            ));
         }
 
         // Head terms: every variable must be bound.
@@ -430,8 +448,14 @@ impl Checker {
                             AggKind::ArgMax | AggKind::ArgMin => format!("{}(value, key)", kind.keyword()),
                             _ => format!("{}(expression)", kind.keyword()),
                         };
-                        self.error(Diagnostic::error("aggregate-arity", *span, format!("`{}` takes {} argument(s), found {}", kind.keyword(), kind.arity(), args.len()))
-                            .with_help(format!("write `{shape}`")));
+                        self.error(
+                            Diagnostic::error(
+                                "aggregate-arity",
+                                *span,
+                                format!("`{}` takes {} argument(s), found {}", kind.keyword(), kind.arity(), args.len()),
+                            )
+                            .with_help(format!("write `{shape}`")),
+                        );
                         continue;
                     }
                     let mut irs = Vec::new();
@@ -497,9 +521,13 @@ impl Checker {
             Some(t) => {
                 let first = vars.spans[v];
                 self.error(
-                    Diagnostic::error("type", span, format!("variable `{}` is {} here ({what}) but {} where it first appears", vars.names[v], ty.keyword(), t.keyword()))
-                        .with_note(first, "first appears here")
-                        .with_help("use two different variables, or fix the column types"),
+                    Diagnostic::error(
+                        "type",
+                        span,
+                        format!("variable `{}` is {} here ({what}) but {} where it first appears", vars.names[v], ty.keyword(), t.keyword()),
+                    )
+                    .with_note(first, "first appears here")
+                    .with_help("use two different variables, or fix the column types"),
                 );
             }
         }
@@ -533,8 +561,10 @@ impl Checker {
             let (r, rt) = self.expr(vars, rhs);
             if let (Some(a), Some(b)) = (lt, rt) {
                 if !a.compatible(b) {
-                    self.error(Diagnostic::error("type", lhs.span.to(rhs.span), format!("cannot compare {} with {}", a.keyword(), b.keyword()))
-                        .with_help("compare values of one type; `++` turns an int into text"));
+                    self.error(
+                        Diagnostic::error("type", lhs.span.to(rhs.span), format!("cannot compare {} with {}", a.keyword(), b.keyword()))
+                            .with_help("compare values of one type; `++` turns an int into text"),
+                    );
                 }
             }
             return Some(Lit::Filter { op, lhs: l, rhs: r });
@@ -559,14 +589,18 @@ impl Checker {
 
     fn check_head_vars(&mut self, vars: &Vars, bound: &[bool], e: &ast::Expr) {
         if has_wildcard(e) {
-            self.error(Diagnostic::error("wildcard-in-head", e.span, "`_` cannot appear in a rule head")
-                .with_help("a head needs a value for every column: use a bound variable or a constant"));
+            self.error(
+                Diagnostic::error("wildcard-in-head", e.span, "`_` cannot appear in a rule head")
+                    .with_help("a head needs a value for every column: use a bound variable or a constant"),
+            );
         }
         let mut names = BTreeSet::new();
         collect_unbound(vars, bound, e, &mut names);
         for n in names {
-            self.error(Diagnostic::error("unsafe-variable", e.span, format!("head variable `{n}` is not bound by the body"))
-                .with_help(format!("use `{n}` in a positive body atom, or bind it with `{n} = …` or `{n} in lo..hi`")));
+            self.error(
+                Diagnostic::error("unsafe-variable", e.span, format!("head variable `{n}` is not bound by the body"))
+                    .with_help(format!("use `{n}` in a positive body atom, or bind it with `{n} = …` or `{n} in lo..hi`")),
+            );
         }
     }
 
@@ -675,11 +709,13 @@ impl Checker {
                 let (ra, rb) = (&self.relations[a], &self.relations[b]);
                 if let (Some(pa), Some(pb)) = (&ra.pattern, &rb.pattern) {
                     if pa.overlaps(pb) {
-                        let d = Diagnostic::error("output-collision", rb.span, format!(
-                            "outputs `{}` (\"{}\") and `{}` (\"{}\") can write the same key",
-                            ra.name, pa.text, rb.name, pb.text))
-                            .with_note(ra.span, "the other output")
-                            .with_help("make the patterns differ in a literal segment or in length");
+                        let d = Diagnostic::error(
+                            "output-collision",
+                            rb.span,
+                            format!("outputs `{}` (\"{}\") and `{}` (\"{}\") can write the same key", ra.name, pa.text, rb.name, pb.text),
+                        )
+                        .with_note(ra.span, "the other output")
+                        .with_help("make the patterns differ in a literal segment or in length");
                         self.diags.push(d);
                     }
                 }
@@ -727,10 +763,10 @@ impl Checker {
                 if neg || r.has_aggregate() {
                     let cycle = self.cycle_names(&deps, &comp, r.head, rel);
                     let what = if neg { "negation" } else { "aggregation" };
-                    self.diags.push(
-                        Diagnostic::error("unstratifiable", b.span, format!("{what} through recursion: {cycle}"))
-                            .with_help(format!("a relation cannot depend on its own {}: break the cycle with an intermediate relation computed from inputs only", if neg { "absence" } else { "aggregate" })),
-                    );
+                    self.diags.push(Diagnostic::error("unstratifiable", b.span, format!("{what} through recursion: {cycle}")).with_help(format!(
+                        "a relation cannot depend on its own {}: break the cycle with an intermediate relation computed from inputs only",
+                        if neg { "absence" } else { "aggregate" }
+                    )));
                 }
             }
         }
@@ -744,7 +780,11 @@ impl Checker {
                 );
             }
         }
-        strata.retain(|s| !s.rules.is_empty() || s.relations.iter().any(|&r| self.relations[r].builtin.is_some()) || s.relations.iter().any(|&r| self.relations[r].kind == DeclKind::Input));
+        strata.retain(|s| {
+            !s.rules.is_empty()
+                || s.relations.iter().any(|&r| self.relations[r].builtin.is_some())
+                || s.relations.iter().any(|&r| self.relations[r].kind == DeclKind::Input)
+        });
         strata
     }
 

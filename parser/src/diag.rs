@@ -50,15 +50,7 @@ impl Diagnostic {
 
 /// Sorts diagnostics by file, position, then message, so output is deterministic.
 pub fn sort(diags: &mut [Diagnostic]) {
-    diags.sort_by(|a, b| {
-        (a.span.file, a.span.start, a.span.end, a.code, &a.message).cmp(&(
-            b.span.file,
-            b.span.start,
-            b.span.end,
-            b.code,
-            &b.message,
-        ))
-    });
+    diags.sort_by(|a, b| (a.span.file, a.span.start, a.span.end, a.code, &a.message).cmp(&(b.span.file, b.span.start, b.span.end, b.code, &b.message)));
 }
 
 /// Renders diagnostics as text: `file:line:col`, the line, a caret, and help.
@@ -78,10 +70,7 @@ pub fn render(sources: &Sources, diags: &[Diagnostic]) -> String {
         for (span, note) in &d.notes {
             labels.push(Label::secondary(span.file, span.start..span.end).with_message(note.clone()));
         }
-        let mut cs = CsDiagnostic::new(severity)
-            .with_code(d.code)
-            .with_message(d.message.clone())
-            .with_labels(labels);
+        let mut cs = CsDiagnostic::new(severity).with_code(d.code).with_message(d.message.clone()).with_labels(labels);
         if !d.help.is_empty() {
             cs = cs.with_notes(vec![format!("help: {}", d.help)]);
         }

@@ -80,8 +80,7 @@ impl KeyPattern {
     /// Matches a key; on success returns each placeholder's text by column
     /// (`None` at the value column).
     pub fn match_key<'k>(&self, key: &'k str) -> Option<Vec<Option<&'k str>>> {
-        let ncols = self.segments.iter().filter(|s| matches!(s, Segment::Col(_))).count()
-            + usize::from(self.value_column.is_some());
+        let ncols = self.segments.iter().filter(|s| matches!(s, Segment::Col(_))).count() + usize::from(self.value_column.is_some());
         let mut out = vec![None; ncols];
         let mut parts = key.split('/');
         for seg in &self.segments {
@@ -151,11 +150,7 @@ impl KeyPattern {
 pub fn is_valid_name(s: &str) -> bool {
     let b = s.as_bytes();
     let edge = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !b.is_empty()
-        && b.len() <= 63
-        && edge(b[0])
-        && edge(b[b.len() - 1])
-        && b.iter().all(|&c| edge(c) || matches!(c, b'.' | b'_' | b'-'))
+    !b.is_empty() && b.len() <= 63 && edge(b[0]) && edge(b[b.len() - 1]) && b.iter().all(|&c| edge(c) || matches!(c, b'.' | b'_' | b'-'))
 }
 
 #[cfg(test)]

@@ -87,7 +87,11 @@ pub fn expr(e: &Expr) -> String {
 fn prec_expr(e: &Expr, min: u8) -> String {
     match &e.kind {
         ExprKind::Lit(Literal::Int(n)) => {
-            if *n < 0 && min > 0 { format!("({n})") } else { n.to_string() }
+            if *n < 0 && min > 0 {
+                format!("({n})")
+            } else {
+                n.to_string()
+            }
         }
         ExprKind::Lit(Literal::Str(s)) => string(s),
         ExprKind::Var(v) => v.clone(),
@@ -99,7 +103,11 @@ fn prec_expr(e: &Expr, min: u8) -> String {
             let p = op.precedence();
             // Left-associative: the right operand needs parentheses at equal precedence.
             let s = format!("{} {} {}", prec_expr(a, p), op.symbol(), prec_expr(b, p + 1));
-            if p < min { format!("({s})") } else { s }
+            if p < min {
+                format!("({s})")
+            } else {
+                s
+            }
         }
     }
 }

@@ -28,7 +28,11 @@ impl<'a> ParseError<&'a str> for SyntaxError {
     }
     fn or(self, other: Self) -> Self {
         // Keep the error that got furthest; it says the most.
-        if other.remaining <= self.remaining { other } else { self }
+        if other.remaining <= self.remaining {
+            other
+        } else {
+            self
+        }
     }
 }
 
@@ -76,12 +80,7 @@ pub fn parse_file(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
                     found = "end of line".into();
                 }
                 diags.push(
-                    Diagnostic::error(
-                        "syntax",
-                        Span::new(file, at, next_char_end(text, at)),
-                        format!("expected {}, found {}", e.expected, found),
-                    )
-                    .with_help(
+                    Diagnostic::error("syntax", Span::new(file, at, next_char_end(text, at)), format!("expected {}, found {}", e.expected, found)).with_help(
                         "a statement is a declaration (`input r(c: string) from \"k/{c}\"`) or a rule \
                          (`head(x) :- body(x).`) ending with `.`",
                     ),
@@ -226,10 +225,7 @@ impl P {
         loop {
             let mut chars = rest.chars();
             match chars.next() {
-                None | Some('\n') => return Err(nom::Err::Failure(SyntaxError {
-                    remaining: rest.len(),
-                    expected: "a closing `\"`".into(),
-                })),
+                None | Some('\n') => return Err(nom::Err::Failure(SyntaxError { remaining: rest.len(), expected: "a closing `\"`".into() })),
                 Some('"') => {
                     rest = chars.as_str();
                     break;
@@ -240,12 +236,7 @@ impl P {
                         Some('\\') => '\\',
                         Some('n') => '\n',
                         Some('t') => '\t',
-                        _ => {
-                            return Err(nom::Err::Failure(SyntaxError {
-                                remaining: rest.len(),
-                                expected: "an escape: \\\" \\\\ \\n or \\t".into(),
-                            }))
-                        }
+                        _ => return Err(nom::Err::Failure(SyntaxError { remaining: rest.len(), expected: "an escape: \\\" \\\\ \\n or \\t".into() })),
                     };
                     out.push(esc);
                     rest = chars.as_str();
@@ -306,9 +297,7 @@ impl P {
             DeclKind::Relation => (i, None),
             DeclKind::Input | DeclKind::Output => {
                 let word = if kind == DeclKind::Input { "from" } else { "to" };
-                let (r, _) = self.keyword(i, word).or_else(|_| {
-                    fail(i, format!("`{word}` and a key pattern, e.g. {word} \"prefix/{{column}}\""))
-                })?;
+                let (r, _) = self.keyword(i, word).or_else(|_| fail(i, format!("`{word}` and a key pattern, e.g. {word} \"prefix/{{column}}\"")))?;
                 let (r, pat) = self.string_lit(r)?;
                 end = pat.1.end;
                 (r, Some(pat))
@@ -486,9 +475,9 @@ impl P {
             // `-<digits>` is a negative literal (so i64::MIN is writable).
             if let Ok((r2, digits)) = digit1::<_, SyntaxError>(r) {
                 if !r2.starts_with(is_ident_char) {
-                    let n = format!("-{digits}").parse::<i64>().map_err(|_| {
-                        nom::Err::Failure(SyntaxError { remaining: r.len(), expected: "an integer that fits in 64 bits".into() })
-                    })?;
+                    let n = format!("-{digits}")
+                        .parse::<i64>()
+                        .map_err(|_| nom::Err::Failure(SyntaxError { remaining: r.len(), expected: "an integer that fits in 64 bits".into() }))?;
                     let span = self.span(i, r2);
                     let (r2, _) = self.ws(r2)?;
                     return Ok((r2, Expr { kind: ExprKind::Lit(Literal::Int(n)), span }));
@@ -518,9 +507,8 @@ impl P {
             }
             let span = self.span(i, r);
             // digits are ASCII 0-9; only overflow can fail.
-            let n = digits.parse::<i64>().map_err(|_| {
-                nom::Err::Failure(SyntaxError { remaining: i.len(), expected: "an integer that fits in 64 bits".into() })
-            })?;
+            let n =
+                digits.parse::<i64>().map_err(|_| nom::Err::Failure(SyntaxError { remaining: i.len(), expected: "an integer that fits in 64 bits".into() }))?;
             let (r, _) = self.ws(r)?;
             return Ok((r, Expr { kind: ExprKind::Lit(Literal::Int(n)), span }));
         }

@@ -39,13 +39,36 @@ proptest! {
 
 fn token() -> impl Strategy<Value = String> {
     prop_oneof![
-        Just("input".to_string()), Just("output".into()), Just("relation".into()), Just("from".into()),
-        Just("to".into()), Just("not".into()), Just("in".into()), Just(":-".into()), Just(".".into()),
-        Just("..".into()), Just(",".into()), Just("(".into()), Just(")".into()), Just(":".into()),
-        Just("=".into()), Just("!=".into()), Just("<=".into()), Just("++".into()), Just("-".into()),
-        Just("count()".into()), Just("max(".into()), Just("\"a/{x}\"".into()), Just("\"".into()),
-        Just("//".into()), Just("\n".into()), Just("_".into()), Just("int".into()), Just("string".into()),
-        "[a-z][a-z0-9_]{0,5}", "[0-9]{1,20}",
+        Just("input".to_string()),
+        Just("output".into()),
+        Just("relation".into()),
+        Just("from".into()),
+        Just("to".into()),
+        Just("not".into()),
+        Just("in".into()),
+        Just(":-".into()),
+        Just(".".into()),
+        Just("..".into()),
+        Just(",".into()),
+        Just("(".into()),
+        Just(")".into()),
+        Just(":".into()),
+        Just("=".into()),
+        Just("!=".into()),
+        Just("<=".into()),
+        Just("++".into()),
+        Just("-".into()),
+        Just("count()".into()),
+        Just("max(".into()),
+        Just("\"a/{x}\"".into()),
+        Just("\"".into()),
+        Just("//".into()),
+        Just("\n".into()),
+        Just("_".into()),
+        Just("int".into()),
+        Just("string".into()),
+        "[a-z][a-z0-9_]{0,5}",
+        "[0-9]{1,20}",
     ]
 }
 
@@ -63,9 +86,7 @@ fn expr() -> impl Strategy<Value = Expr> {
     ]
     .prop_map(|kind| Expr { kind, span: Span::default() });
     leaf.prop_recursive(4, 24, 2, |inner| {
-        let op = prop_oneof![
-            Just(BinOp::Add), Just(BinOp::Sub), Just(BinOp::Mul), Just(BinOp::Div), Just(BinOp::Rem), Just(BinOp::Concat)
-        ];
+        let op = prop_oneof![Just(BinOp::Add), Just(BinOp::Sub), Just(BinOp::Mul), Just(BinOp::Div), Just(BinOp::Rem), Just(BinOp::Concat)];
         prop_oneof![
             inner.clone().prop_map(|e| ExprKind::Neg(Box::new(e))),
             (op, inner.clone(), inner).prop_map(|(op, a, b)| ExprKind::Bin(op, Box::new(a), Box::new(b))),
@@ -102,10 +123,8 @@ fn head_term() -> impl Strategy<Value = HeadTerm> {
     prop_oneof![
         expr().prop_map(HeadTerm::Expr),
         Just(HeadTerm::Agg(AggKind::Count, vec![], Span::default())),
-        (prop_oneof![Just(AggKind::Sum), Just(AggKind::Min), Just(AggKind::Max)], expr())
-            .prop_map(|(k, e)| HeadTerm::Agg(k, vec![e], Span::default())),
-        (prop_oneof![Just(AggKind::ArgMax), Just(AggKind::ArgMin)], expr(), expr())
-            .prop_map(|(k, a, b)| HeadTerm::Agg(k, vec![a, b], Span::default())),
+        (prop_oneof![Just(AggKind::Sum), Just(AggKind::Min), Just(AggKind::Max)], expr()).prop_map(|(k, e)| HeadTerm::Agg(k, vec![e], Span::default())),
+        (prop_oneof![Just(AggKind::ArgMax), Just(AggKind::ArgMin)], expr(), expr()).prop_map(|(k, a, b)| HeadTerm::Agg(k, vec![a, b], Span::default())),
     ]
 }
 
@@ -117,9 +136,8 @@ fn item() -> impl Strategy<Value = Item> {
         let pattern = (kind != DeclKind::Relation).then(|| (p, Span::default()));
         Item::Decl(Decl { kind, name, columns, pattern, builtin: None, span: Span::default() })
     });
-    let rule = (ident(), proptest::collection::vec(head_term(), 0..4), proptest::collection::vec(body_item(), 0..4)).prop_map(
-        |(head, head_terms, body)| Item::Rule(Rule { head, head_terms, head_span: Span::default(), body, span: Span::default() }),
-    );
+    let rule = (ident(), proptest::collection::vec(head_term(), 0..4), proptest::collection::vec(body_item(), 0..4))
+        .prop_map(|(head, head_terms, body)| Item::Rule(Rule { head, head_terms, head_span: Span::default(), body, span: Span::default() }));
     prop_oneof![decl, rule]
 }
 

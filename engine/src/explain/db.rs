@@ -46,7 +46,17 @@ const KEYED_READS: usize = 64;
 
 impl<'a> Db<'a> {
     pub fn new(program: &'a Program, inputs: &'a InputFacts, revision: u64, source: Source<'a>, some: Option<Lookup<'a>>) -> Db<'a> {
-        Db { program, inputs, revision, source, some, loaded: RefCell::new(HashMap::new()), looked_up: RefCell::new(HashMap::new()), reads: RefCell::new(HashMap::new()), texts: std::cell::OnceCell::new() }
+        Db {
+            program,
+            inputs,
+            revision,
+            source,
+            some,
+            loaded: RefCell::new(HashMap::new()),
+            looked_up: RefCell::new(HashMap::new()),
+            reads: RefCell::new(HashMap::new()),
+            texts: std::cell::OnceCell::new(),
+        }
     }
 
     /// Over an engine and the input facts that feed it: keyed lookups seek

@@ -56,10 +56,8 @@ impl<'d, 'a> Prover<'d, 'a> {
                 let group_target: Vec<Option<Value>> =
                     plan.head_terms.iter().zip(&target).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { *v }).collect();
                 let Some(start) = matcher::head_binding(plan, &group_target) else { continue };
-                let ms: Vec<Match> = matcher::matches(self.db, plan, start, usize::MAX)?
-                    .into_iter()
-                    .filter(|m| matcher::head_agrees(plan, &m.binding, &group_target))
-                    .collect();
+                let ms: Vec<Match> =
+                    matcher::matches(self.db, plan, start, usize::MAX)?.into_iter().filter(|m| matcher::head_agrees(plan, &m.binding, &group_target)).collect();
                 if ms.is_empty() {
                     continue;
                 }

@@ -214,7 +214,10 @@ pub fn target(program: &Program, key: &str, value: Option<&str>) -> Result<(RelI
                     None => value,
                 };
                 row.push(match text {
-                    Some(t) => Some(Value::parse(col.ty, t).map_err(|e| ExplainError::BadValue { key: key.into(), reason: format!("`{}` of {}: {e}", col.name, r.name) })?),
+                    Some(t) => Some(
+                        Value::parse(col.ty, t)
+                            .map_err(|e| ExplainError::BadValue { key: key.into(), reason: format!("`{}` of {}: {e}", col.name, r.name) })?,
+                    ),
                     None => None,
                 });
             }

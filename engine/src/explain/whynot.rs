@@ -210,10 +210,15 @@ impl WhyNotCx<'_, '_> {
         let program = self.db.program;
         let rule = self.db.rule_ref(plan.rule);
         // Aggregates: the group is what the rule body decides; the value is the aggregate's.
-        let group_pattern: Vec<Option<Value>> =
-            plan.head_terms.iter().zip(pattern).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { *v }).collect();
+        let group_pattern: Vec<Option<Value>> = plan.head_terms.iter().zip(pattern).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { *v }).collect();
         let Some(start) = matcher::head_binding(plan, &group_pattern) else {
-            return Ok(RuleWhyNot { rule, head_mismatch: Some(format!("the head {} cannot give {}", head_text(program, plan), fact_text(program, plan.head, pattern))), literals: plan.steps.len(), failures: vec![], more_failures: 0 });
+            return Ok(RuleWhyNot {
+                rule,
+                head_mismatch: Some(format!("the head {} cannot give {}", head_text(program, plan), fact_text(program, plan.head, pattern))),
+                literals: plan.steps.len(),
+                failures: vec![],
+                more_failures: 0,
+            });
         };
         let mut failures: Vec<Failure> = Vec::new();
         let mut more = 0;
@@ -242,7 +247,11 @@ impl WhyNotCx<'_, '_> {
         for b in frontier.iter().take(SHOWN) {
             if !matcher::head_agrees(plan, b, &group_pattern) {
                 let got = plan.head_row(&dense(b)).map(|r| row_text(program, plan.head, &r)).unwrap_or_default();
-                failures.push(Failure { bindings: self.bindings(plan.rule, b), matched: plan.steps.len(), failed: vec![FailedLiteral::new(head_text(program, plan), got, "the head gives another fact".into())] });
+                failures.push(Failure {
+                    bindings: self.bindings(plan.rule, b),
+                    matched: plan.steps.len(),
+                    failed: vec![FailedLiteral::new(head_text(program, plan), got, "the head gives another fact".into())],
+                });
             }
         }
         if plan.has_aggregate() && frontier.iter().any(|b| matcher::head_agrees(plan, b, &group_pattern)) {
@@ -252,7 +261,11 @@ impl WhyNotCx<'_, '_> {
             failures.push(Failure {
                 bindings: self.bindings(plan.rule, frontier.first().expect("some")),
                 matched: plan.steps.len(),
-                failed: vec![FailedLiteral::new(head_text(program, plan), fact_text(program, plan.head, pattern), format!("the group's aggregate gives {}", actual.join(", ")))],
+                failed: vec![FailedLiteral::new(
+                    head_text(program, plan),
+                    fact_text(program, plan.head, pattern),
+                    format!("the group's aggregate gives {}", actual.join(", ")),
+                )],
             });
         }
         failures.sort_by(|a, b| b.matched.cmp(&a.matched));

@@ -218,13 +218,8 @@ pub fn derive(rule: &ccattler_parser::program::Rule, db: &Db) -> BTreeSet<Row> {
     let distinct: BTreeSet<Vec<Option<Value>>> = bs.into_iter().collect();
     let mut groups: BTreeMap<Row, Vec<Vec<Value>>> = BTreeMap::new();
     for b in &distinct {
-        let args: Option<Vec<Value>> = rule
-            .head_terms
-            .iter()
-            .filter_map(|h| if let HeadTerm::Agg(_, es) = h { Some(es) } else { None })
-            .flatten()
-            .map(|e| eval_expr(e, b))
-            .collect();
+        let args: Option<Vec<Value>> =
+            rule.head_terms.iter().filter_map(|h| if let HeadTerm::Agg(_, es) = h { Some(es) } else { None }).flatten().map(|e| eval_expr(e, b)).collect();
         if let (Some(g), Some(a)) = (plain(b), args) {
             groups.entry(g).or_default().push(a);
         }
@@ -270,4 +265,3 @@ pub fn oracle(program: &Program, inputs: &Db) -> Db {
     }
     db
 }
-
