@@ -191,11 +191,11 @@ impl Finish {
 impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     /// A built-in over whole relations. `assign` needs every input at once, so
     /// all rows meet in one group (on one worker) and the assignment is
-    /// recomputed when any of them changes; the rules keep its inputs small in
-    /// steady state (only services with pending instances have candidates).
+    /// recomputed when any of them changes; its inputs stay small (one row a
+    /// node, and (service, node) rows only where a service has instances or
+    /// is restricted), and with nothing pending it returns at once.
     fn builtin(&mut self, b: &Builtin) -> Coll<'s, T> {
-        let Builtin::Assign { pending, candidate, free } = *b;
-        let tagged: Vec<Coll<'s, T>> = [pending, candidate, free].into_iter().enumerate().map(|(i, rel)| tag(i, self.relation(rel))).collect();
+        let tagged: Vec<Coll<'s, T>> = b.reads().into_iter().enumerate().map(|(i, rel)| tag(i, self.relation(rel))).collect();
         differential_dataflow::collection::concatenate(self.unit.scope(), tagged)
             .map(|row| ((), row))
             .reduce(|_unit, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {

@@ -59,12 +59,12 @@ pub struct Decl {
     pub columns: Vec<Column>,
     /// The key pattern (`from` for inputs, `to` for outputs), without quotes.
     pub pattern: Option<(String, Span)>,
-    /// `relation r(…) = assign(a, b, c)`: computed by a built-in, not by rules.
+    /// `relation r(…) = assign(a, b, c, d, e)`: computed by a built-in, not by rules.
     pub builtin: Option<BuiltinCall>,
     pub span: Span,
 }
 
-/// A built-in applied to relations: `assign(pending, candidate, free)`.
+/// A built-in applied to relations: `assign(pending, offer, spread, restricted, allowed)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BuiltinCall {
     pub name: Ident,

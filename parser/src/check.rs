@@ -8,6 +8,9 @@ use crate::program::*;
 use crate::source::{Sources, Span};
 use std::collections::{BTreeSet, HashMap};
 
+/// The built-in's call, as help texts show it.
+const ASSIGN_CALL: &str = "assign(pending, offer, spread, restricted, allowed)";
+
 /// Checks parsed files. Returns the program when there are no errors; the
 /// diagnostics (warnings included) either way.
 ///
@@ -125,7 +128,7 @@ impl Checker {
         });
     }
 
-    /// Resolves `relation r(…) = assign(pending, candidate, free)` and checks
+    /// Resolves `relation r(…) = assign(pending, offer, spread, restricted, allowed)` and checks
     /// every relation's columns against what the built-in needs.
     fn builtin(&mut self, d: &ast::Decl) {
         let Some(call) = &d.builtin else { return };
@@ -136,21 +139,23 @@ impl Checker {
         if call.name.name != "assign" {
             self.error(
                 Diagnostic::error("unknown-builtin", call.name.span, format!("unknown built-in `{}`", call.name.name))
-                    .with_help("the built-in is `assign(pending, candidate, free)`"),
+                    .with_help(format!("the built-in is `{ASSIGN_CALL}`")),
             );
             return;
         }
         use Type::{Int, String as Text};
         // (role, expected column types) — text columns accept `name` or `string`.
-        let shapes: [(&str, &[Type]); 3] = [
+        let shapes: [(&str, &[Type]); 5] = [
             ("pending(instance, service, cpu, memory)", &[Text, Text, Int, Int]),
-            ("candidate(service, node, spread, score)", &[Text, Text, Int, Int]),
-            ("free(node, cpu, memory)", &[Text, Int, Int]),
+            ("offer(node, cpu, memory, score)", &[Text, Int, Int, Int]),
+            ("spread(service, node, count)", &[Text, Text, Int]),
+            ("restricted(service)", &[Text]),
+            ("allowed(service, node)", &[Text, Text]),
         ];
-        if call.args.len() != 3 {
+        if call.args.len() != shapes.len() {
             self.error(
-                Diagnostic::error("builtin-arity", call.span, format!("`assign` takes 3 relations, found {}", call.args.len()))
-                    .with_help("write `assign(pending, candidate, free)`"),
+                Diagnostic::error("builtin-arity", call.span, format!("`assign` takes {} relations, found {}", shapes.len(), call.args.len()))
+                    .with_help(format!("write `{ASSIGN_CALL}`")),
             );
             return;
         }
@@ -179,7 +184,7 @@ impl Checker {
             );
             return;
         }
-        self.relations[id].builtin = Some(Builtin::Assign { pending: ids[0], candidate: ids[1], free: ids[2] });
+        self.relations[id].builtin = Some(Builtin::Assign { pending: ids[0], offer: ids[1], spread: ids[2], restricted: ids[3], allowed: ids[4] });
     }
 
     fn lookup(&mut self, name: &ast::Ident) -> Option<RelId> {

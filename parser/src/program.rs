@@ -37,15 +37,16 @@ pub struct Relation {
 /// Relations computed by a built-in operator instead of rules.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Builtin {
-    /// `assign(pending, candidate, free)`: capacity-respecting greedy
-    /// assignment of instances to nodes (see docs/language.md).
-    Assign { pending: RelId, candidate: RelId, free: RelId },
+    /// `assign(pending, offer, spread, restricted, allowed)`:
+    /// capacity-respecting greedy assignment of instances to nodes (see
+    /// docs/language.md).
+    Assign { pending: RelId, offer: RelId, spread: RelId, restricted: RelId, allowed: RelId },
 }
 
 impl Builtin {
     pub fn reads(&self) -> Vec<RelId> {
         match self {
-            Builtin::Assign { pending, candidate, free } => vec![*pending, *candidate, *free],
+            Builtin::Assign { pending, offer, spread, restricted, allowed } => vec![*pending, *offer, *spread, *restricted, *allowed],
         }
     }
 }

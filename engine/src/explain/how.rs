@@ -124,8 +124,8 @@ impl<'d, 'a> Prover<'d, 'a> {
             return Ok(None);
         }
         let mut best: Option<usize> = None;
-        if let Some(Builtin::Assign { pending, candidate, free }) = self.db.program.relations[rel].builtin {
-            let parts = self.assign_premises(row, pending, candidate, free)?;
+        if let Some(b) = &self.db.program.relations[rel].builtin {
+            let parts = self.assign_premises(row, b)?;
             best = self.tallest(parts)?.map(|h| h + 1);
         } else {
             for d in self.derivations(rel, row)? {
@@ -142,16 +142,22 @@ impl<'d, 'a> Prover<'d, 'a> {
         Ok(best)
     }
 
-    /// The pending, candidate and free facts behind a built-in assignment.
-    fn assign_premises(&self, row: &[Value], pending: RelId, candidate: RelId, free: RelId) -> Result<Vec<Fact>, String> {
+    /// The facts behind a built-in assignment: the instance's pending fact,
+    /// the node's offer, the service's spread there (if listed), and for a
+    /// restricted service that restriction and the node being allowed.
+    fn assign_premises(&self, row: &[Value], b: &Builtin) -> Result<Vec<Fact>, String> {
+        let Builtin::Assign { pending, offer, spread, restricted, allowed } = *b;
         let (instance, node) = (row[0], row[1]);
         let p = self.db.lookup(pending, &[0], &[instance])?;
         let Some(p) = p.first() else { return Err(format!("assigned {instance} has no pending fact")) };
-        let c = self.db.lookup(candidate, &[0, 1], &[p[1], node])?;
-        let f = self.db.lookup(free, &[0], &[node])?;
+        let service = p[1];
         let mut out = vec![(pending, p.clone())];
-        out.extend(c.into_iter().take(1).map(|r| (candidate, r)));
-        out.extend(f.into_iter().take(1).map(|r| (free, r)));
+        out.extend(self.db.lookup(offer, &[0], &[node])?.into_iter().take(1).map(|r| (offer, r)));
+        out.extend(self.db.lookup(spread, &[0, 1], &[service, node])?.into_iter().take(1).map(|r| (spread, r)));
+        if let Some(r) = self.db.lookup(restricted, &[0], &[service])?.into_iter().next() {
+            out.push((restricted, r));
+            out.extend(self.db.lookup(allowed, &[0, 1], &[service, node])?.into_iter().take(1).map(|r| (allowed, r)));
+        }
         Ok(out)
     }
 
@@ -176,14 +182,14 @@ impl<'d, 'a> Prover<'d, 'a> {
             return Ok(node(How::Cut));
         }
         self.shown.insert(key);
-        if let Some(Builtin::Assign { pending, candidate, free }) = program.relations[rel].builtin {
-            let parts = self.assign_premises(row, pending, candidate, free)?;
+        if let Some(b) = &program.relations[rel].builtin {
+            let parts = self.assign_premises(row, b)?;
             let mut premises = Vec::new();
             for (r, p) in parts {
                 premises.push(self.node(r, &p, depth + 1)?);
             }
             let note = format!(
-                "assign gave {} the first node with room among its service's candidates, ordered by (spread, score, node name), charging capacity as it went (docs/language.md)",
+                "assign gave {} the first node with room among those its service may use, ordered by (spread, score, node name), charging capacity as it went (docs/language.md)",
                 value_text(&row[0])
             );
             return Ok(node(How::Assigned { builtin: "assign".into(), premises, note }));

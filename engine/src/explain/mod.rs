@@ -124,7 +124,8 @@ pub enum How {
         contributions: Vec<Contribution>,
     },
     /// Given by the built-in `assign`, from the instance's pending fact, the
-    /// node's candidate fact and its free capacity.
+    /// node's offer, the service's spread there (if listed), and for a
+    /// restricted service its restriction and the node being allowed.
     Assigned { builtin: String, premises: Vec<Node>, note: String },
     /// Explained earlier in this tree.
     Seen,

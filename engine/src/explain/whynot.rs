@@ -173,8 +173,8 @@ impl WhyNotCx<'_, '_> {
             }
             return Ok(out);
         }
-        if let Some(Builtin::Assign { pending, candidate, free }) = r.builtin {
-            out.assign = Some(self.assign(pattern, pending, candidate, free, depth)?);
+        if let Some(b) = &r.builtin {
+            out.assign = Some(self.assign(pattern, b, depth)?);
             return Ok(out);
         }
         for plan in self.plans.iter().filter(|p| p.head == rel) {
@@ -231,7 +231,7 @@ impl WhyNotCx<'_, '_> {
                     if failures.len() < SHOWN * 4 {
                         failures.push(self.failure(plan, b, i, depth, failures.len() < BECAUSE)?);
                     } else {
-                        more += 1;
+                        more += 1
                     }
                 } else {
                     for (nb, _) in extended {
@@ -355,7 +355,8 @@ impl WhyNotCx<'_, '_> {
     }
 
     /// Every node against every constraint, for one pending instance.
-    fn assign(&self, pattern: &[Option<Value>], pending: RelId, candidate: RelId, free: RelId, depth: usize) -> Result<AssignWhyNot, String> {
+    fn assign(&self, pattern: &[Option<Value>], b: &Builtin, depth: usize) -> Result<AssignWhyNot, String> {
+        let Builtin::Assign { pending, offer, spread, restricted, allowed } = *b;
         let program = self.db.program;
         let Some(instance) = pattern[0] else { return Err("why-not of an assignment needs the instance".into()) };
         let mut out = AssignWhyNot { instance: instance.to_string(), pending: None, nodes: 0, fit: 0, reasons: vec![], summary: String::new() };
@@ -368,7 +369,8 @@ impl WhyNotCx<'_, '_> {
         };
         out.pending = Some(row_text(program, pending, &p));
         let (service, cpu, mem) = (p[1], p[2].as_int().unwrap_or(0), p[3].as_int().unwrap_or(0));
-        let node_col = program.relations[candidate].columns[1].name.clone();
+        let is_restricted = !self.db.lookup(restricted, &[0], &[service])?.is_empty();
+        let node_col = program.relations[offer].columns[0].name.clone();
         let nodes = match pattern[1] {
             Some(n) => vec![n],
             None => self.db.domain(&node_col)?,
@@ -377,13 +379,17 @@ impl WhyNotCx<'_, '_> {
         // What this round handed out (the same built-in the dataflow runs).
         let all = |rel: RelId| self.db.rows(rel);
         let int = |v: &Value| v.as_int().unwrap_or(0);
-        let p_rows: Vec<crate::builtin::Pending> = all(pending)?.iter().map(|r| (r[0], r[1], int(&r[2]), int(&r[3]))).collect();
-        let c_rows: Vec<crate::builtin::Candidate> = all(candidate)?.iter().map(|r| (r[0], r[1], int(&r[2]), int(&r[3]))).collect();
-        let f_rows: Vec<crate::builtin::Free> = all(free)?.iter().map(|r| (r[0], int(&r[1]), int(&r[2]))).collect();
-        let assigned = crate::builtin::assign(&p_rows, &c_rows, &f_rows);
+        let round = crate::builtin::Inputs {
+            pending: all(pending)?.iter().map(|r| (r[0], r[1], int(&r[2]), int(&r[3]))).collect(),
+            offers: all(offer)?.iter().map(|r| (r[0], int(&r[1]), int(&r[2]), int(&r[3]))).collect(),
+            spread: all(spread)?.iter().map(|r| (r[0], r[1], int(&r[2]))).collect(),
+            restricted: all(restricted)?.iter().map(|r| r[0]).collect(),
+            allowed: all(allowed)?.iter().map(|r| (r[0], r[1])).collect(),
+        };
+        let assigned = round.assign();
         let mut charged: BTreeMap<Value, (i64, i64)> = BTreeMap::new();
         let mut taken_by: Option<Value> = None;
-        let requests: BTreeMap<Value, (i64, i64)> = p_rows.iter().map(|(i, _, c, m)| (*i, (*c, *m))).collect();
+        let requests: BTreeMap<Value, (i64, i64)> = round.pending.iter().map(|(i, _, c, m)| (*i, (*c, *m))).collect();
         for (i, n) in &assigned {
             if *i == instance {
                 taken_by = Some(*n);
@@ -392,50 +398,53 @@ impl WhyNotCx<'_, '_> {
             let e = charged.entry(*n).or_default();
             *e = (e.0 + c, e.1 + m);
         }
+        // Why a fact about one node does not hold, as reasons in which the
+        // node's own name becomes the column's, so nodes with the same reason group.
+        let reasons_for = |what: &str, rel: RelId, pattern: &[Option<Value>], n: &Value| -> Result<Vec<String>, String> {
+            self.lean.set(true);
+            let why = self.why_not(rel, pattern, depth + 1);
+            self.lean.set(false);
+            let why = why?;
+            let (quoted, raw) = (value_text(n), n.to_string());
+            let mut reasons: Vec<String> = leaves(&why)
+                .into_iter()
+                .map(|l| format!("{what}: {}", l.replace(&quoted, &node_col).replace(&format!("/{raw}/"), &format!("/{{{node_col}}}/"))))
+                .collect();
+            if reasons.is_empty() {
+                reasons.push(what.to_string());
+            }
+            Ok(reasons)
+        };
         let mut by_reason: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for n in &nodes {
             let name = n.to_string();
             let mut reasons: Vec<String> = Vec::new();
-            let cands = self.db.lookup(candidate, &[0, 1], &[service, *n])?;
-            if cands.is_empty() {
-                self.lean.set(true);
-                let why = self.why_not(candidate, &[Some(service), Some(*n), None, None], depth + 1);
-                self.lean.set(false);
-                let why = why?;
-                // The node's own name becomes the column's, so nodes with the same reason group.
-                let (quoted, raw) = (value_text(n), n.to_string());
-                for l in leaves(&why) {
-                    let l = l.replace(&quoted, &node_col).replace(&format!("/{raw}/"), &format!("/{{{node_col}}}/"));
-                    reasons.push(format!("not a candidate: {l}"));
-                }
-                if reasons.is_empty() {
-                    reasons.push("not a candidate".into());
-                }
+            let offered = self.db.lookup(offer, &[0], &[*n])?;
+            if is_restricted && self.db.lookup(allowed, &[0, 1], &[service, *n])?.is_empty() {
+                reasons = reasons_for("not allowed", allowed, &[Some(service), Some(*n)], n)?;
+            } else if offered.is_empty() {
+                reasons = reasons_for("offers nothing", offer, &[Some(*n), None, None, None], n)?;
             } else {
-                match self.db.lookup(free, &[0], &[*n])?.first() {
-                    None => reasons.push("no free capacity known (not ready?)".into()),
-                    Some(f) => {
-                        let (fc, fm) = (f[1].as_int().unwrap_or(0), f[2].as_int().unwrap_or(0));
-                        if fc < cpu {
-                            reasons.push(format!("insufficient cpu (needs {cpu})"));
-                        }
-                        if fm < mem {
-                            reasons.push(format!("insufficient memory (needs {mem})"));
-                        }
-                        if fc >= cpu && fm >= mem {
-                            let (uc, um) = charged.get(n).copied().unwrap_or((0, 0));
-                            if taken_by == Some(*n) {
-                                out.fit += 1;
-                                continue;
-                            } else if fc - uc < cpu || fm - um < mem {
-                                reasons.push("room taken by other instances assigned in the same round".into());
-                            } else if let Some(t) = taken_by {
-                                reasons.push(format!("fits, but {} ranks better", t));
-                            } else {
-                                out.fit += 1;
-                                continue;
-                            }
-                        }
+                let f = &offered[0];
+                let (fc, fm) = (f[1].as_int().unwrap_or(0), f[2].as_int().unwrap_or(0));
+                if fc < cpu {
+                    reasons.push(format!("insufficient cpu (needs {cpu})"));
+                }
+                if fm < mem {
+                    reasons.push(format!("insufficient memory (needs {mem})"));
+                }
+                if fc >= cpu && fm >= mem {
+                    let (uc, um) = charged.get(n).copied().unwrap_or((0, 0));
+                    if taken_by == Some(*n) {
+                        out.fit += 1;
+                        continue;
+                    } else if fc - uc < cpu || fm - um < mem {
+                        reasons.push("room taken by other instances assigned in the same round".into());
+                    } else if let Some(t) = taken_by {
+                        reasons.push(format!("fits, but {} ranks better", t));
+                    } else {
+                        out.fit += 1;
+                        continue;
                     }
                 }
             }
