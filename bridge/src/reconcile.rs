@@ -117,21 +117,26 @@ impl Reconciler {
         self.apply_many(vec![(rev, events.to_vec())])
     }
 
-    /// Applies several revisions (increasing) in one engine pass.
+    /// Applies several revisions (increasing) in one engine pass. Their
+    /// changes enter together at the last revision: the outputs are what the
+    /// rules derive as of it, and no operator recomputes at every revision in
+    /// between (a reduce over a large group, like `assign`'s, would pay its
+    /// whole input once per revision).
     pub fn apply_many(&mut self, revisions: Vec<(u64, Vec<Event>)>) -> Result<(), EngineError> {
-        let mut batches = Vec::new();
+        let mut changes = Vec::new();
         let mut last = self.revision;
         for (rev, events) in revisions {
-            let changes = self.record(&events);
+            changes.extend(self.record(&events));
             last = last.max(rev);
-            // A revision that changes no input tuple (e.g. our own writes of
-            // output-only keys coming back) needs no engine pass at all.
-            if !changes.is_empty() {
-                self.time = rev.max(self.time + 1);
-                batches.push((self.time, changes));
-            }
         }
-        let diffs = if batches.is_empty() { Vec::new() } else { self.engine.apply_many(batches)? };
+        // Revisions that change no input tuple (e.g. our own writes of
+        // output-only keys coming back) need no engine pass at all.
+        let diffs = if changes.is_empty() {
+            Vec::new()
+        } else {
+            self.time = last.max(self.time + 1);
+            self.engine.apply(self.time, changes)?
+        };
         for key in self.outputs.apply(&self.program, &diffs) {
             self.dirty.insert(format!("{CONFLICT}{key}"));
             self.dirty.insert(key);
