@@ -170,6 +170,20 @@ mod tests {
         d
     }
 
+    /// Opens again after a drop. A child forked by another test thread holds a
+    /// copy of the lock's descriptor until it execs, so the lock may outlive
+    /// the drop by that moment: wait for it with a deadline.
+    fn reopen(root: &Path) -> StateDir {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match StateDir::open(root) {
+                Ok(s) => return s,
+                Err(StateError::Locked(_)) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(10)),
+                Err(e) => panic!("reopen {}: {e}", root.display()),
+            }
+        }
+    }
+
     #[test]
     fn one_agent_per_state_dir_and_records_round_trip() {
         let root = tmp("lock");
@@ -179,7 +193,7 @@ mod tests {
         s.save("web-0", &Record { service: "web".into(), pid: 42, start_time: 7, port: 8080, launch }).unwrap();
         s.set_lease(Some(99)).unwrap();
         drop(s);
-        let s = StateDir::open(&root).unwrap();
+        let s = reopen(&root);
         assert_eq!(s.lease(), Some(99));
         let r = s.records();
         assert_eq!(r["web-0"].pid, 42);
