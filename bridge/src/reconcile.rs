@@ -137,8 +137,14 @@ impl Reconciler {
             self.time = last.max(self.time + 1);
             self.engine.apply(self.time, changes)?
         };
+        // A key's conflict record needs a look only if it is conflicted now or
+        // some record is held (it may be this key's, now resolved).
+        let records_held =
+            self.held.range::<str, _>((std::ops::Bound::Included(CONFLICT), std::ops::Bound::Unbounded)).next().is_some_and(|(k, _)| k.starts_with(CONFLICT));
         for key in self.outputs.apply(&self.program, &diffs) {
-            self.dirty.insert(format!("{CONFLICT}{key}"));
+            if records_held || self.outputs.conflicts.contains_key(&key) {
+                self.dirty.insert(format!("{CONFLICT}{key}"));
+            }
             self.dirty.insert(key);
         }
         self.revision = last;

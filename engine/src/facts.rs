@@ -126,12 +126,19 @@ pub struct Conflict {
 /// The output side: every derived tuple, grouped by the key it renders to.
 #[derive(Default)]
 pub struct OutputFacts {
-    /// key → candidate value → rule → count of tuples giving it
-    candidates: HashMap<String, BTreeMap<String, BTreeMap<usize, isize>>>,
+    /// key → what derives it: almost always one value from one rule.
+    candidates: HashMap<String, Vec<Candidate>>,
     /// What the rules derive now, one value per key (conflicted keys keep their
     /// last unique value, or are absent if they never had one).
     pub resolved: BTreeMap<String, String>,
     pub conflicts: BTreeMap<String, Conflict>,
+}
+
+/// One value of a derived key, from one rule, with how many tuples give it.
+struct Candidate {
+    value: String,
+    rule: usize,
+    count: isize,
 }
 
 /// Whether some output pattern can produce `key` (so the controller manages it).
@@ -143,57 +150,116 @@ pub fn is_output_key(program: &Program, key: &str) -> bool {
 pub fn encode(program: &Program, rel: RelId, row: &[Value]) -> Option<(String, String)> {
     let r = &program.relations[rel];
     let pattern = r.pattern.as_ref()?;
-    let cols: Vec<String> = row.iter().map(|v| v.to_string()).collect();
-    let value = pattern.value_column.map(|c| cols[c].clone()).unwrap_or_default();
-    Some((pattern.render(&cols), value))
+    let value = pattern.value_column.map(|c| row[c].text().into_owned()).unwrap_or_default();
+    Some((pattern.prefix_with(|c| Some(row[c].text())), value))
 }
 
 impl OutputFacts {
     /// Applies output tuple diffs (rows prefixed with their rule id, as
     /// [`crate::Engine::apply`] returns them); returns every key they touched
-    /// (its resolved value or its conflict may have changed).
+    /// (its resolved value or its conflict may have changed), once per diff.
     pub fn apply(&mut self, program: &Program, diffs: &[Change]) -> Vec<String> {
-        let mut touched = Vec::new();
+        let mut touched = Vec::with_capacity(diffs.len());
         for (rel, tagged, d) in diffs {
             if program.relations[*rel].kind != DeclKind::Output {
                 continue;
             }
             let Some((Value::Int(rule), row)) = tagged.split_first() else { continue };
             let Some((key, value)) = encode(program, *rel, row) else { continue };
-            let cands = self.candidates.entry(key.clone()).or_default();
-            let rules = cands.entry(value.clone()).or_default();
-            let count = rules.entry(*rule as usize).or_insert(0);
-            *count += d;
-            if *count == 0 {
-                rules.remove(&(*rule as usize));
-            }
-            if rules.is_empty() {
-                cands.remove(&value);
-            }
-            if cands.is_empty() {
-                self.candidates.remove(&key);
-            }
+            self.count(key.clone(), value, *rule as usize, *d);
+            self.resolve(program, &key);
             touched.push(key);
         }
-        touched.sort();
-        touched.dedup();
-        for key in &touched {
-            match self.candidates.get(key) {
-                None => {
-                    self.resolved.remove(key);
-                    self.conflicts.remove(key);
-                }
-                Some(c) if c.len() == 1 => {
-                    let v = c.keys().next().expect("one candidate").clone();
-                    self.resolved.insert(key.clone(), v);
-                    self.conflicts.remove(key);
-                }
-                Some(c) => {
-                    let values = c.iter().map(|(v, rules)| (v.clone(), rules.keys().map(|r| program.rule_location(*r)).collect())).collect();
-                    self.conflicts.insert(key.clone(), Conflict { key: key.clone(), values });
+        touched
+    }
+
+    /// Adds `d` tuples of `rule` deriving `key = value`.
+    fn count(&mut self, key: String, value: String, rule: usize, d: isize) {
+        let cands = self.candidates.entry(key).or_default();
+        match cands.iter().position(|c| c.rule == rule && c.value == value) {
+            Some(at) => {
+                cands[at].count += d;
+                if cands[at].count == 0 {
+                    cands.swap_remove(at);
                 }
             }
+            None => cands.push(Candidate { value, rule, count: d }),
         }
-        touched
+    }
+
+    /// Brings `resolved` and `conflicts` in line with a key's candidates.
+    fn resolve(&mut self, program: &Program, key: &str) {
+        let Some(cands) = self.candidates.get(key).filter(|c| !c.is_empty()) else {
+            self.candidates.remove(key);
+            self.resolved.remove(key);
+            self.conflicts.remove(key);
+            return;
+        };
+        let first = &cands[0].value;
+        if cands.iter().all(|c| c.value == *first) {
+            match self.resolved.get_mut(key) {
+                Some(v) => {
+                    if v != first {
+                        first.clone_into(v);
+                    }
+                }
+                None => {
+                    self.resolved.insert(key.to_string(), first.clone());
+                }
+            }
+            self.conflicts.remove(key);
+            return;
+        }
+        // Each value, sorted, with the rules deriving it, sorted.
+        let mut by_value: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for c in cands {
+            by_value.entry(&c.value).or_default().push(c.rule);
+        }
+        let values = by_value
+            .into_iter()
+            .map(|(v, mut rules)| {
+                rules.sort_unstable();
+                (v.to_string(), rules.into_iter().map(|r| program.rule_location(r)).collect())
+            })
+            .collect();
+        self.conflicts.insert(key.to_string(), Conflict { key: key.to_string(), values });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program() -> Program {
+        let text = "input v(s: name, n: int) from \"v/{s}\"\noutput o(s: name, n: int) to \"o/{s}\"\no(s, n) :- v(s, n).\no(s, n) :- v(s, n), n > 0.\n";
+        ccattler_parser::check_str("t.rules", text).program.expect("valid")
+    }
+
+    /// An output diff: rule id first, then the tuple.
+    fn diff(rule: i64, s: &str, n: i64, d: isize) -> Change {
+        (1, vec![Value::Int(rule), Value::str(s), Value::Int(n)], d)
+    }
+
+    #[test]
+    fn one_value_from_two_rules_resolves_and_two_values_conflict() {
+        let p = program();
+        let mut out = OutputFacts::default();
+        // Two rules derive o/web = 1: one value, no conflict; it stays while either does.
+        assert_eq!(out.apply(&p, &[diff(0, "web", 1, 1), diff(1, "web", 1, 1)]), ["o/web", "o/web"]);
+        assert_eq!(out.resolved["o/web"], "1");
+        out.apply(&p, &[diff(1, "web", 1, -1)]);
+        assert_eq!(out.resolved["o/web"], "1");
+        assert!(out.conflicts.is_empty());
+        // A second value conflicts: values sorted, each with its rules; the key keeps its value.
+        out.apply(&p, &[diff(1, "web", 2, 1)]);
+        let c = &out.conflicts["o/web"];
+        assert_eq!(c.values, [("1".to_string(), vec!["t.rules:3".to_string()]), ("2".to_string(), vec!["t.rules:4".to_string()])]);
+        assert_eq!(out.resolved["o/web"], "1");
+        // Back to one value: resolved to it, conflict gone; then nothing derives the key.
+        out.apply(&p, &[diff(0, "web", 1, -1)]);
+        assert_eq!(out.resolved["o/web"], "2");
+        assert!(out.conflicts.is_empty());
+        out.apply(&p, &[diff(1, "web", 2, -1)]);
+        assert!(out.resolved.is_empty() && out.candidates.is_empty());
     }
 }

@@ -78,6 +78,13 @@ impl Value {
             (Value::Str(_), Value::Int(_)) => Ordering::Greater,
         }
     }
+    /// The text a key or value shows: an int's digits, a string itself.
+    pub fn text(&self) -> std::borrow::Cow<'static, str> {
+        match self {
+            Value::Int(n) => n.to_string().into(),
+            Value::Str(s) => s.as_str().into(),
+        }
+    }
     pub fn as_int(&self) -> Option<i64> {
         match self {
             Value::Int(n) => Some(*n),
