@@ -36,6 +36,7 @@ fn main() {
         println!("raw etcd write (128-op txns, 8 in flight): {raw:.0} keys/s");
 
         let program = controller::load_rules(&rules).expect("rules");
+        settle_disk();
         let t = Instant::now();
         let (_, snap) = e::snapshot(&mut client, &controller::prefixes(&program), 5000).await.unwrap();
         let read = t.elapsed();
@@ -53,6 +54,7 @@ fn main() {
             id: "bench".into(),
             listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
         };
+        settle_disk();
         let t = Instant::now();
         let ctl = tokio::spawn(controller::run_until(ccfg, stop_rx));
         wait("the first write-back", || metric(port, "keys_written_total").is_some_and(|k| k > 0.0)).await;

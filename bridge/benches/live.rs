@@ -89,15 +89,11 @@ async fn placement(p: &Params) {
     let (intents, rest): (Vec<_>, Vec<_>) = facts.into_iter().partition(|(k, _)| k.starts_with("intent/"));
     println!("placement: {p:?}: {} node and service facts, then {} intents", rest.len(), intents.len());
     raw_write(&client, &rest).await;
-    // The raw baseline: as many keys as the controller will write, shaped like
-    // placements, outside every prefix the controller reads; removed again.
     let mut c = client.clone();
-    let sample: Vec<(String, String)> = (0..4 * p.instances).map(|i| (format!("bench/raw/instance/{i:08}"), synth::node_name(i % p.nodes))).collect();
-    let raw = raw_write(&client, &sample).await;
-    c.delete("bench/raw/", Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
-    println!("raw etcd write ({} keys, 128-op txns, 8 in flight): {raw:.0} keys/s", sample.len());
-    drop(sample);
     let ctl = start_controller(&etcd).await;
+    // What earlier writes left dirty in the page cache is flushed now, not
+    // during the measurement (etcd's fsyncs would wait behind it).
+    settle_disk();
     let before = c.get("x", None).await.unwrap().header().unwrap().revision();
     // Placements are counted as etcd streams them (as an agent would see
     // them), not by polling a range count, which would load etcd itself.
@@ -122,13 +118,19 @@ async fn placement(p: &Params) {
         let opts = GetOptions::new().with_prefix().with_count_only().with_min_mod_revision(before + 1);
         written += c.get(prefix, Some(opts)).await.unwrap().count() as usize;
     }
+    ctl.stop().await;
+    // The raw baseline, in the same etcd: as many keys as the controller
+    // wrote, shaped like placements, outside every prefix it reads.
+    settle_disk();
+    let sample: Vec<(String, String)> = (0..written).map(|i| (format!("bench/raw/instance/{i:08}"), synth::node_name(i % p.nodes))).collect();
+    let raw = raw_write(&client, &sample).await;
+    println!("raw etcd write ({} keys, 128-op txns, 8 in flight): {raw:.0} keys/s", sample.len());
     println!(
         "{placed} placements committed {took:.2} s after the intents: {:.0} placements/s; the controller wrote {written} keys by then: {:.0} keys/s = {:.0}% of raw",
         placed as f64 / took,
         written as f64 / took,
         100.0 * written as f64 / took / raw
     );
-    ctl.stop().await;
 }
 
 async fn explain_bench(p: &Params, repeat: usize) {

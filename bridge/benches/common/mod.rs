@@ -47,6 +47,12 @@ pub async fn raw_write(client: &Client, facts: &[(String, String)]) -> f64 {
     facts.len() as f64 / t.elapsed().as_secs_f64()
 }
 
+/// Flushes the page cache to disk (`sync`), so a measurement does not pay
+/// for the writes before it.
+pub fn settle_disk() {
+    let _ = Command::new("sync").status();
+}
+
 /// A throwaway etcd (8 GiB quota), stopped and removed on drop.
 pub struct Etcd {
     child: Child,
