@@ -385,6 +385,37 @@ async fn a_conflict_is_recorded_and_the_key_keeps_its_value() {
     .await;
 }
 
+#[tokio::test]
+async fn a_write_back_longer_than_the_leader_ttl_keeps_leadership() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bulk-rules");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("b.rules"),
+        "input n(s: name, count: int) from \"n/{s}\"\noutput o(s: name, i: int, v: int) to \"o/{s}/{i}\"\n\
+         // one key per i below the count\no(s, i, i) :- n(s, c), i in 0..c.\n",
+    )
+    .unwrap();
+    let c = Controller::start("a", &dir);
+    settled(&c, &mut etcd, T).await;
+    let leader_key = |kvs: &[etcd_client::KeyValue]| kvs.first().map(|kv| kv.create_revision());
+    let leader_before = leader_key(etcd.get("status/leader", None).await.unwrap().kvs());
+    assert!(leader_before.is_some(), "the controller leads");
+    // 100,000 keys take the controller several seconds to write, far longer
+    // than its 2 s lease: the lease is renewed meanwhile, so no transaction is
+    // refused and the leader key is the same one.
+    let t = Instant::now();
+    etcd.put("n/bulk", "100000", None).await.unwrap();
+    settled(&c, &mut etcd, Duration::from_secs(120)).await;
+    let took = t.elapsed();
+    assert_eq!(get(&mut etcd, "o/bulk/99999").await.as_deref(), Some("99999"));
+    assert_eq!(c.metric("transactions_total{result=\"refused\"}").unwrap_or(0.0), 0.0, "a transaction was refused:\n{}", c.log());
+    assert_eq!(leader_key(etcd.get("status/leader", None).await.unwrap().kvs()), leader_before, "leadership changed hands:\n{}", c.log());
+    eprintln!("100,000 keys written and settled in {took:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_with_a_ca_file() {
     let _serial = serial();

@@ -114,8 +114,40 @@ impl Drop for WatchReader {
 struct Leadership {
     lease: i64,
     fence: Fence,
-    keeper: LeaseKeeper,
-    responses: LeaseKeepAliveStream,
+    /// Turns true when the lease is gone (leadership lost).
+    lost: tokio::sync::watch::Receiver<bool>,
+    /// Renews the lease every TTL/3 on a task of its own, so a write-back or
+    /// an evaluation longer than the TTL never lets it lapse.
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+impl Leadership {
+    async fn start(client: &mut Client, lease: i64, fence: Fence, ttl: i64) -> Result<Leadership, etcd_client::Error> {
+        let (mut keeper, mut responses) = client.lease_keep_alive(lease).await?;
+        let (lost_tx, lost) = tokio::sync::watch::channel(false);
+        let period = Duration::from_millis(ttl.max(1) as u64 * 1000 / 3);
+        let renewer = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                if !renew(&mut keeper, &mut responses).await {
+                    let _ = lost_tx.send(true);
+                    return;
+                }
+            }
+        });
+        Ok(Leadership { lease, fence, lost, renewer })
+    }
+
+    fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        self.renewer.abort();
+    }
 }
 
 /// Tries to become leader: creates the leader key under a new lease if absent.
@@ -132,8 +164,7 @@ async fn campaign(client: &mut Client, id: &str, ttl: i64) -> Result<Option<Lead
         return Ok(None);
     }
     let create_revision = resp.header().map_or(0, |h| h.revision());
-    let (keeper, responses) = client.lease_keep_alive(lease).await?;
-    Ok(Some(Leadership { lease, fence: Fence { key: LEADER_KEY.into(), create_revision }, keeper, responses }))
+    Ok(Some(Leadership::start(client, lease, Fence { key: LEADER_KEY.into(), create_revision }, ttl).await?))
 }
 
 /// A standby's campaign; on success every key is considered again, since a
@@ -147,22 +178,25 @@ async fn take_over(client: &mut Client, cfg: &ControllerConfig, r: &mut Reconcil
     leader
 }
 
-/// After a reconnect: keeps leading if the leader key is still ours.
-async fn resume(client: &mut Client, lease: i64, fence: Fence) -> Option<Leadership> {
+/// After a reconnect: keeps leading if the leader key is still ours and its
+/// lease still lives.
+async fn resume(client: &mut Client, lease: i64, fence: Fence, ttl: i64) -> Option<Leadership> {
     if !still_leader(client, &fence).await {
         return None;
     }
-    let (keeper, responses) = client.lease_keep_alive(lease).await.ok()?;
-    let mut l = Leadership { lease, fence, keeper, responses };
-    keep_alive(&mut l).await.then_some(l)
+    let (mut keeper, mut responses) = client.lease_keep_alive(lease).await.ok()?;
+    if !renew(&mut keeper, &mut responses).await {
+        return None;
+    }
+    Leadership::start(client, lease, fence, ttl).await.ok()
 }
 
-/// Renews the lease; false if it is gone (leadership lost).
-async fn keep_alive(l: &mut Leadership) -> bool {
-    if l.keeper.keep_alive().await.is_err() {
+/// Renews a lease once; false if it is gone.
+async fn renew(keeper: &mut LeaseKeeper, responses: &mut LeaseKeepAliveStream) -> bool {
+    if keeper.keep_alive().await.is_err() {
         return false;
     }
-    match tokio::time::timeout(Duration::from_secs(3), l.responses.message()).await {
+    match tokio::time::timeout(Duration::from_secs(3), responses.message()).await {
         Ok(Ok(Some(resp))) => resp.ttl() > 0,
         _ => false,
     }
@@ -259,7 +293,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         backoff = Duration::from_millis(100);
         shared.ready.store(true, Ordering::SeqCst);
         let mut leader = match held_lease.take() {
-            Some((lease, fence)) => resume(&mut client, lease, fence).await,
+            Some((lease, fence)) => resume(&mut client, lease, fence, cfg.leader_ttl).await,
             None => None,
         };
         if leader.is_some() {
@@ -361,8 +395,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                 }
                 _ = tick.tick() => {
-                    match leader.as_mut() {
-                        Some(l) => if !keep_alive(l).await {
+                    match leader.as_ref() {
+                        Some(l) => if l.is_lost() {
                             warn!("leader lease lost");
                             leader = None;
                         },

@@ -80,8 +80,8 @@ impl KeyPattern {
     /// Matches a key; on success returns each placeholder's text by column
     /// (`None` at the value column).
     pub fn match_key<'k>(&self, key: &'k str) -> Option<Vec<Option<&'k str>>> {
-        let ncols = self.segments.iter().filter(|s| matches!(s, Segment::Col(_))).count() + usize::from(self.value_column.is_some());
-        let mut out = vec![None; ncols];
+        // Most keys fail on a literal: nothing is allocated until a placeholder binds.
+        let mut out = Vec::new();
         let mut parts = key.split('/');
         for seg in &self.segments {
             let part = parts.next()?;
@@ -95,12 +95,19 @@ impl KeyPattern {
                     if part.is_empty() {
                         return None;
                     }
+                    if out.is_empty() {
+                        let ncols = self.segments.iter().filter(|s| matches!(s, Segment::Col(_))).count() + usize::from(self.value_column.is_some());
+                        out = vec![None; ncols];
+                    }
                     out[*c] = Some(part);
                 }
             }
         }
         if parts.next().is_some() {
             return None;
+        }
+        if out.is_empty() {
+            out = vec![None; usize::from(self.value_column.is_some())];
         }
         Some(out)
     }
