@@ -178,6 +178,14 @@ impl Reconciler {
     /// compaction or a reconnect): applies exactly the differences, so
     /// nothing that did not change is rewritten.
     pub fn rebase(&mut self, rev: u64, snapshot: Vec<(String, Held)>) -> Result<(), EngineError> {
+        let first = self.time == 0;
+        if first && self.inputs.facts.is_empty() && self.inputs.rejected.is_empty() && self.held.is_empty() {
+            // Nothing known yet: the snapshot is the difference, moved in as it is.
+            let events = snapshot.into_iter().map(|(key, h)| Event { key, value: Some(h) }).collect();
+            self.apply_many(vec![(rev, events)])?;
+            self.mark_all_dirty();
+            return Ok(());
+        }
         let mut events = Vec::new();
         let snap: BTreeMap<String, Held> = snapshot.into_iter().collect();
         let known: BTreeSet<&String> = self.inputs.facts.keys().chain(self.inputs.rejected.keys()).chain(self.held.keys()).collect();
@@ -195,8 +203,7 @@ impl Reconciler {
                 events.push(Event { key: k.clone(), value: Some(h.clone()) });
             }
         }
-        let first = self.time == 0;
-        self.apply(rev, &events)?;
+        self.apply_many(vec![(rev, events)])?;
         if first {
             self.mark_all_dirty();
         }

@@ -167,8 +167,12 @@ impl OutputFacts {
             let Some((Value::Int(rule), row)) = tagged.split_first() else { continue };
             let Some((key, value)) = encode(program, *rel, row) else { continue };
             self.count(key.clone(), value, *rule as usize, *d);
-            self.resolve(program, &key);
             touched.push(key);
+        }
+        // Resolved once every diff is in: a state inside the batch (one value
+        // of a key that ends conflicted) never counts as the key's value.
+        for key in &touched {
+            self.resolve(program, key);
         }
         touched
     }
@@ -261,5 +265,8 @@ mod tests {
         assert!(out.conflicts.is_empty());
         out.apply(&p, &[diff(1, "web", 2, -1)]);
         assert!(out.resolved.is_empty() && out.candidates.is_empty());
+        // Two values arriving together: conflicted from the start, never a value.
+        out.apply(&p, &[diff(0, "db", 1, 1), diff(1, "db", 2, 1)]);
+        assert!(out.conflicts.contains_key("o/db") && !out.resolved.contains_key("o/db"));
     }
 }
