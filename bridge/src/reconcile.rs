@@ -139,8 +139,7 @@ impl Reconciler {
         };
         // A key's conflict record needs a look only if it is conflicted now or
         // some record is held (it may be this key's, now resolved).
-        let records_held =
-            self.held.range::<str, _>((std::ops::Bound::Included(CONFLICT), std::ops::Bound::Unbounded)).next().is_some_and(|(k, _)| k.starts_with(CONFLICT));
+        let records_held = self.held.range(CONFLICT.to_string()..).next().is_some_and(|(k, _)| k.starts_with(CONFLICT));
         for key in self.outputs.apply(&self.program, &diffs) {
             if records_held || self.outputs.conflicts.contains_key(&key) {
                 self.dirty.insert(format!("{CONFLICT}{key}"));

@@ -81,6 +81,7 @@ impl KeyPattern {
     /// (`None` at the value column).
     pub fn match_key<'k>(&self, key: &'k str) -> Option<Vec<Option<&'k str>>> {
         // Most keys fail on a literal: nothing is allocated until a placeholder binds.
+        let columns = || vec![None; self.segments.iter().filter(|s| matches!(s, Segment::Col(_))).count() + usize::from(self.value_column.is_some())];
         let mut out = Vec::new();
         let mut parts = key.split('/');
         for seg in &self.segments {
@@ -96,8 +97,7 @@ impl KeyPattern {
                         return None;
                     }
                     if out.is_empty() {
-                        let ncols = self.segments.iter().filter(|s| matches!(s, Segment::Col(_))).count() + usize::from(self.value_column.is_some());
-                        out = vec![None; ncols];
+                        out = columns();
                     }
                     out[*c] = Some(part);
                 }
@@ -107,7 +107,7 @@ impl KeyPattern {
             return None;
         }
         if out.is_empty() {
-            out = vec![None; usize::from(self.value_column.is_some())];
+            out = columns();
         }
         Some(out)
     }
@@ -175,6 +175,12 @@ mod tests {
         assert!(p.match_key("intent/user/service/web").is_none());
         assert!(p.match_key("intent//service/web/instances").is_none());
         assert_eq!(p.render(&["user".into(), "web".into(), String::new()]), "intent/user/service/web/instances");
+        // No placeholder: the value column alone, or nothing at all.
+        let v = KeyPattern::parse("status/mode", &["mode"]).unwrap();
+        assert_eq!(v.match_key("status/mode"), Some(vec![None]));
+        assert_eq!(v.match_key("status/other"), None);
+        let flag = KeyPattern::parse("status/paused", &[]).unwrap();
+        assert_eq!(flag.match_key("status/paused"), Some(vec![]));
     }
 
     #[test]
