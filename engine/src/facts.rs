@@ -26,8 +26,9 @@ pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, R
         return Err(reject(format!("value is {} bytes, over the {} byte limit", value.len(), MAX_VALUE_BYTES)));
     }
     let mut out = Vec::new();
-    for (rel, r) in program.inputs() {
-        let Some(pattern) = &r.pattern else { continue };
+    for rel in program.keys.relations_for(key) {
+        let r = &program.relations[rel];
+        let Some(pattern) = r.pattern.as_ref().filter(|_| r.kind == DeclKind::Input) else { continue };
         let Some(parts) = pattern.match_key(key) else { continue };
         let mut row = Vec::with_capacity(r.arity());
         for (i, col) in r.columns.iter().enumerate() {
@@ -143,7 +144,10 @@ struct Candidate {
 
 /// Whether some output pattern can produce `key` (so the controller manages it).
 pub fn is_output_key(program: &Program, key: &str) -> bool {
-    program.outputs().any(|(_, r)| r.pattern.as_ref().is_some_and(|p| p.match_key(key).is_some()))
+    program.keys.relations_for(key).any(|rel| {
+        let r = &program.relations[rel];
+        r.kind == DeclKind::Output && r.pattern.as_ref().is_some_and(|p| p.match_key(key).is_some())
+    })
 }
 
 /// Renders an output tuple as its key and value.

@@ -45,7 +45,7 @@ pub fn check(sources: Sources, files: &[ast::File], complete: bool) -> (Option<P
     cx.output_collisions();
     let strata = cx.stratify();
     let ok = !cx.diags.iter().any(Diagnostic::is_error);
-    let program = ok.then(|| Program { sources, relations: cx.relations, rules: cx.rules, strata });
+    let program = ok.then(|| Program { sources, keys: KeyIndex::new(&cx.relations), relations: cx.relations, rules: cx.rules, strata });
     (program, cx.diags)
 }
 

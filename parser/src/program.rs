@@ -3,8 +3,9 @@
 //! the engine compiles from.
 
 use crate::ast::{AggKind, BinOp, CmpOp, DeclKind, Type};
-use crate::pattern::KeyPattern;
+use crate::pattern::{KeyPattern, Segment};
 use crate::source::{Sources, Span};
+use std::collections::HashMap;
 
 pub type RelId = usize;
 pub type VarId = usize;
@@ -147,6 +148,43 @@ pub struct Program {
     pub relations: Vec<Relation>,
     pub rules: Vec<Rule>,
     pub strata: Vec<Stratum>,
+    /// The relations a key may belong to, by the key's shape.
+    pub keys: KeyIndex,
+}
+
+/// Relations with a key pattern by the shape of the keys they can match (the
+/// number of segments, and the first one when it is literal), so a key is
+/// tried only against the patterns that could match it.
+#[derive(Clone, Debug, Default)]
+pub struct KeyIndex {
+    by_first: HashMap<usize, HashMap<String, Vec<RelId>>>,
+    /// Patterns that start with a placeholder, by segment count.
+    by_length: HashMap<usize, Vec<RelId>>,
+}
+
+impl KeyIndex {
+    pub fn new(relations: &[Relation]) -> KeyIndex {
+        let mut index = KeyIndex::default();
+        for (id, r) in relations.iter().enumerate() {
+            let Some(p) = &r.pattern else { continue };
+            match p.segments.first() {
+                Some(Segment::Lit(first)) => index.by_first.entry(p.segments.len()).or_default().entry(first.clone()).or_default().push(id),
+                Some(Segment::Col(_)) => index.by_length.entry(p.segments.len()).or_default().push(id),
+                None => {}
+            }
+        }
+        index
+    }
+
+    /// Every relation whose pattern may match `key`, each once (a superset of
+    /// those that do: the caller still matches the pattern).
+    pub fn relations_for<'a>(&'a self, key: &str) -> impl Iterator<Item = RelId> + 'a {
+        let len = key.split('/').count();
+        let first = key.split('/').next().unwrap_or("");
+        let literal = self.by_first.get(&len).and_then(|m| m.get(first)).map_or(&[][..], Vec::as_slice);
+        let placeholder = self.by_length.get(&len).map_or(&[][..], Vec::as_slice);
+        literal.iter().chain(placeholder).copied()
+    }
 }
 
 impl Program {
@@ -180,5 +218,29 @@ pub fn compare(op: CmpOp, a: &std::cmp::Ordering) -> bool {
         CmpOp::Le => *a != Greater,
         CmpOp::Gt => *a == Greater,
         CmpOp::Ge => *a != Less,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_key_is_tried_only_against_patterns_of_its_shape() {
+        let text = "input a(s: name, n: int) from \"desired/service/{s}/cpu\"\n\
+                    input b(s: name, k: name, v: string) from \"desired/service/{s}/label/{k}\"\n\
+                    input c(n: name, v: string) from \"observed/node/{n}/address\"\n\
+                    input d(w: name, x: name, v: string) from \"{w}/thing/{x}\"\n\
+                    output e(s: name, n: int) to \"effective/service/{s}/cpu\"\n\
+                    e(s, n) :- a(s, n).\nx(v) :- b(_, _, v), c(_, v), d(_, _, v).\nrelation x(v: string)\n";
+        let p = crate::check_str("t.rules", text).program.expect("valid");
+        let rels = |key: &str| p.keys.relations_for(key).map(|r| p.relations[r].name.clone()).collect::<Vec<_>>();
+        assert_eq!(rels("desired/service/web/cpu"), ["a"]);
+        assert_eq!(rels("desired/service/web/label/zone"), ["b"]);
+        assert_eq!(rels("observed/node/n1/address"), ["c"]);
+        assert_eq!(rels("observed/thing/x"), ["d"]);
+        assert_eq!(rels("effective/service/web/cpu"), ["e"]);
+        assert_eq!(rels("any/thing/x"), ["d"]);
+        // A superset: d's pattern is tried (and fails on `thing`), a and b are not.
+        assert_eq!(rels("desired/service/web"), ["d"]);
+        assert!(rels("").is_empty());
     }
 }
