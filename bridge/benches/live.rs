@@ -100,22 +100,23 @@ async fn placement(p: &Params) {
     let (_watcher, mut stream) = c.watch("placement/instance/", Some(WatchOptions::new().with_prefix().with_start_revision(before + 1))).await.unwrap();
     let t = Instant::now();
     raw_write(&client, &intents).await;
-    let mut placed = std::collections::HashSet::new();
+    let (mut placed, mut last) = (std::collections::HashSet::new(), before);
     while placed.len() < p.instances {
         let resp = stream.message().await.unwrap().expect("the watch stays open");
         for ev in resp.events() {
             if let (EventType::Put, Some(kv)) = (ev.event_type(), ev.kv()) {
                 placed.insert(kv.key().to_vec());
+                last = last.max(kv.mod_revision());
             }
         }
     }
     let took = t.elapsed().as_secs_f64();
     let placed = placed.len();
-    // Every key the controller has written since the intents (placements,
-    // the per-node view, instances, ...), not just the placements.
+    // Every key the controller had written when the last placement was
+    // committed (placements, the per-node view, instances, ...).
     let mut written = 0;
     for prefix in ["effective/", "placement/", "endpoint/", "status/"] {
-        let opts = GetOptions::new().with_prefix().with_count_only().with_min_mod_revision(before + 1);
+        let opts = GetOptions::new().with_prefix().with_count_only().with_min_mod_revision(before + 1).with_max_mod_revision(last);
         written += c.get(prefix, Some(opts)).await.unwrap().count() as usize;
     }
     ctl.stop().await;
