@@ -140,9 +140,7 @@ async fn two_controllers_one_writes_and_the_standby_takes_over_after_kill_9() {
 async fn sighup_with_broken_rules_keeps_the_old_rules_and_good_rules_replace_them() {
     let _serial = serial();
     let mut etcd = fresh_etcd().await;
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sighup-rules");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("sighup-rules");
     let intent = std::fs::read_to_string(shipped_rules().join("intent.rules")).unwrap();
     std::fs::write(dir.join("intent.rules"), &intent).unwrap();
     etcd.put("intent/user/service/web/instances", "2", None).await.unwrap();
@@ -244,9 +242,7 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
 #[tokio::test(flavor = "multi_thread")]
 async fn etcd_restart_is_survived_without_losing_a_change() {
     let _serial = serial();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("private-etcd");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("private-etcd");
     let etcd = PrivateEtcd::start(dir, free_port(), free_port());
     let mut client = etcd.client().await;
     client.put("intent/user/service/web/instances", "1", None).await.unwrap();
@@ -350,9 +346,7 @@ async fn plan_shows_the_difference_and_writes_nothing() {
 async fn a_conflict_is_recorded_and_the_key_keeps_its_value() {
     let _serial = serial();
     let mut etcd = fresh_etcd().await;
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conflict-rules");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("conflict-rules");
     std::fs::write(
         dir.join("c.rules"),
         "input v(s: name, n: int) from \"v/{s}\"\ninput bump(s: name) from \"bump/{s}\"\n\
@@ -389,9 +383,7 @@ async fn a_conflict_is_recorded_and_the_key_keeps_its_value() {
 async fn a_write_back_longer_than_the_leader_ttl_keeps_leadership() {
     let _serial = serial();
     let mut etcd = fresh_etcd().await;
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bulk-rules");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("bulk-rules");
     std::fs::write(
         dir.join("b.rules"),
         "input n(s: name, count: int) from \"n/{s}\"\noutput o(s: name, i: int, v: int) to \"o/{s}/{i}\"\n\
@@ -419,9 +411,7 @@ async fn a_write_back_longer_than_the_leader_ttl_keeps_leadership() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_with_a_ca_file() {
     let _serial = serial();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tls-etcd");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("tls-etcd");
     let sh = |script: &str| {
         let out = Command::new("sh").arg("-c").arg(script).current_dir(&dir).output().unwrap();
         assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
@@ -467,9 +457,7 @@ async fn tls_with_a_ca_file() {
 async fn apply_writes_user_facts_only_and_get_reads_them() {
     let _serial = serial();
     let mut etcd = fresh_etcd().await;
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("apply");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("apply");
     let good = dir.join("good.facts");
     std::fs::write(&good, "desired/service/web/image = nginx:1.28\nintent/user/service/web/instances = 3\ndesired/config/web/GREETING = \"hello world\"\n")
         .unwrap();

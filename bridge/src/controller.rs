@@ -122,8 +122,8 @@ struct Leadership {
 }
 
 impl Leadership {
-    async fn start(client: &mut Client, lease: i64, fence: Fence, ttl: i64) -> Result<Leadership, etcd_client::Error> {
-        let (mut keeper, mut responses) = client.lease_keep_alive(lease).await?;
+    /// Leads under `lease`, renewing it through its keep-alive stream.
+    fn start(lease: i64, fence: Fence, ttl: i64, (mut keeper, mut responses): (LeaseKeeper, LeaseKeepAliveStream)) -> Leadership {
         let (lost_tx, lost) = tokio::sync::watch::channel(false);
         let period = Duration::from_millis(ttl.max(1) as u64 * 1000 / 3);
         let renewer = tokio::spawn(async move {
@@ -136,7 +136,7 @@ impl Leadership {
                 }
             }
         });
-        Ok(Leadership { lease, fence, lost, renewer })
+        Leadership { lease, fence, lost, renewer }
     }
 
     fn is_lost(&self) -> bool {
@@ -164,7 +164,8 @@ async fn campaign(client: &mut Client, id: &str, ttl: i64) -> Result<Option<Lead
         return Ok(None);
     }
     let create_revision = resp.header().map_or(0, |h| h.revision());
-    Ok(Some(Leadership::start(client, lease, Fence { key: LEADER_KEY.into(), create_revision }, ttl).await?))
+    let keep_alive = client.lease_keep_alive(lease).await?;
+    Ok(Some(Leadership::start(lease, Fence { key: LEADER_KEY.into(), create_revision }, ttl, keep_alive)))
 }
 
 /// A standby's campaign; on success every key is considered again, since a
@@ -188,7 +189,7 @@ async fn resume(client: &mut Client, lease: i64, fence: Fence, ttl: i64) -> Opti
     if !renew(&mut keeper, &mut responses).await {
         return None;
     }
-    Leadership::start(client, lease, fence, ttl).await.ok()
+    Some(Leadership::start(lease, fence, ttl, (keeper, responses)))
 }
 
 /// Renews a lease once; false if it is gone.

@@ -179,8 +179,9 @@ impl KeyIndex {
     /// Every relation whose pattern may match `key`, each once (a superset of
     /// those that do: the caller still matches the pattern).
     pub fn relations_for<'a>(&'a self, key: &str) -> impl Iterator<Item = RelId> + 'a {
-        let len = key.split('/').count();
-        let first = key.split('/').next().unwrap_or("");
+        let mut segments = key.split('/');
+        let first = segments.next().unwrap_or("");
+        let len = 1 + segments.count();
         let literal = self.by_first.get(&len).and_then(|m| m.get(first)).map_or(&[][..], Vec::as_slice);
         let placeholder = self.by_length.get(&len).map_or(&[][..], Vec::as_slice);
         literal.iter().chain(placeholder).copied()

@@ -61,6 +61,15 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// An empty directory of a test's own under the target dir (emptied if a
+/// previous run left it).
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 pub fn shipped_rules() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")
 }
