@@ -300,7 +300,7 @@ impl Agent {
             tracing::warn!(error = %e, "cannot remember the lease; a restart will take a new one");
         }
         let (keeper, keepalive) = client.lease_keep_alive(lease).await?;
-        let (watcher, watch) = client.watch(format!("placement/node/{}/", self.cfg.node), Some(WatchOptions::new().with_prefix())).await?;
+        let (watcher, watch) = ccattler_bridge::etcd::watch(&client, format!("placement/node/{}/", self.cfg.node), WatchOptions::new().with_prefix()).await?;
         self.written = self.read_written(&mut client, lease).await?;
         let next_keepalive = Instant::now();
         Ok(Conn { client, lease, keeper, keepalive, next_keepalive, _watcher: watcher, watch })

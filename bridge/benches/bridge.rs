@@ -22,6 +22,7 @@ use common::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    log_if_asked();
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);
     let rules = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../rules"));

@@ -71,6 +71,7 @@ impl Running {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    log_if_asked();
     let p = Params::from_args();
     let repeat: usize = synth::arg("--repeat").unwrap_or(5);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// The key whose holder leads; created under the leader's lease.
 pub const LEADER_KEY: &str = "status/leader";
@@ -249,14 +249,22 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         shared.ready.store(false, Ordering::SeqCst);
         shared.metrics.leader.set(0);
         let t = Instant::now();
-        let connected = match etcd::connect(&cfg.etcd).await {
-            Ok(mut client) => etcd::snapshot(&mut client, &prefixes(&program), 5000).await.map(|s| (client, s)),
+        let r = match reconciler.as_mut() {
+            Some(r) => r,
+            None => reconciler.insert(Reconciler::new(program.clone(), cfg.workers)?),
+        };
+        let fresh = r.is_fresh();
+        let loaded = match etcd::connect(&cfg.etcd).await {
+            Ok(client) => load_snapshot(client, &program, r).await?,
             Err(e) => Err(e),
         };
-        let (mut client, (rev, snap)) = match connected {
+        let (mut client, rev, keys) = match loaded {
             Ok(c) => c,
             Err(e) => {
                 warn!(error = %e, "etcd unreachable or snapshot failed; retrying in {backoff:?}");
+                if fresh {
+                    reconciler = None; // it may hold part of the snapshot
+                }
                 if sleep_or_stop(backoff, &mut stop).await {
                     return Ok(());
                 }
@@ -264,18 +272,13 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 continue;
             }
         };
-        let keys = snap.len();
-        let r = match reconciler.as_mut() {
-            Some(r) => r,
-            None => reconciler.insert(Reconciler::new(program.clone(), cfg.workers)?),
-        };
-        tokio::task::block_in_place(|| r.rebase(rev as u64, snap))?;
+        let r = reconciler.as_mut().expect("the snapshot was loaded into it");
         info!(revision = rev, keys, seconds = t.elapsed().as_secs_f64(), "snapshot loaded");
         shared.metrics.observe(r, rev as u64);
         // The watch gets a connection of its own: a backlog of watch data left
         // unread while a transaction is awaited would otherwise use up the
         // shared HTTP/2 connection window and stall that transaction's reply.
-        let mut watch_client = match etcd::connect(&cfg.etcd).await {
+        let watch_client = match etcd::connect(&cfg.etcd).await {
             Ok(c) => c,
             Err(e) => {
                 warn!(error = %e, "watch connection failed");
@@ -283,7 +286,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             }
         };
         let watch_opts = WatchOptions::new().with_all_keys().with_start_revision(rev + 1).with_progress_notify();
-        let (watcher, stream) = match watch_client.watch("", Some(watch_opts)).await {
+        let (watcher, stream) = match etcd::watch(&watch_client, "", watch_opts).await {
             Ok(w) => w,
             Err(e) => {
                 warn!(error = %e, "watch failed");
@@ -428,6 +431,54 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     }
 }
 
+/// Reads a snapshot of everything the rules read and write, at one revision,
+/// into `r`. A fresh reconciler loads it page by page as the pages arrive, so
+/// decoding and the engine's work overlap the read (a cold start pays little
+/// more than the read); one that holds state is rebased onto the whole
+/// snapshot (after a compaction or reconnect). The outer error is the
+/// engine's (fatal), the inner one etcd's (retry).
+async fn load_snapshot(mut client: Client, program: &Program, r: &mut Reconciler) -> Result<Result<(Client, i64, usize), etcd_client::Error>, ControllerError> {
+    let rev = match etcd::current_revision(&mut client).await {
+        Ok(rev) => rev,
+        Err(e) => return Ok(Err(e)),
+    };
+    let prefixes = prefixes(program);
+    if !r.is_fresh() {
+        let mut snap = Vec::new();
+        let read = etcd::read_pages(&mut client, &prefixes, 5000, rev, |page| {
+            snap.extend(page);
+            true
+        })
+        .await;
+        if let Err(e) = read {
+            return Ok(Err(e));
+        }
+        let keys = snap.len();
+        tokio::task::block_in_place(|| r.rebase(rev as u64, snap))?;
+        return Ok(Ok((client, rev, keys)));
+    }
+    // The pages are read on a task of their own while this one loads them.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut reader = client.clone();
+    let read = tokio::spawn(async move { etcd::read_pages(&mut reader, &prefixes, 5000, rev, |page| tx.send(page).is_ok()).await });
+    let (t, mut keys) = (Instant::now(), 0);
+    tokio::task::block_in_place(|| {
+        while let Some(page) = rx.blocking_recv() {
+            keys += page.len();
+            r.load_page(rev as u64, page)?;
+        }
+        Ok::<_, ControllerError>(())
+    })?;
+    match read.await.expect("the snapshot reader does not panic") {
+        Ok(()) => {
+            info!(keys, seconds = t.elapsed().as_secs_f64(), "snapshot read and staged");
+            tokio::task::block_in_place(|| r.finish_load(rev as u64))?;
+            Ok(Ok((client, rev, keys)))
+        }
+        Err(e) => Ok(Err(e)),
+    }
+}
+
 /// What a write-back pass did; the revisions say how far the watch must get
 /// before the next plan.
 enum WriteBack {
@@ -443,7 +494,9 @@ const IN_FLIGHT: usize = 8;
 /// several in flight. Each is fenced on its own and touches distinct keys, so
 /// their order does not matter; after a refusal no new one starts.
 async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_ops: usize, metrics: &Metrics) -> Result<WriteBack, etcd_client::Error> {
+    let t = Instant::now();
     let ops = r.plan();
+    debug!(ops = ops.len(), seconds = t.elapsed().as_secs_f64(), "planned");
     if ops.is_empty() {
         r.clean();
         metrics.settled.set(r.revision() as i64);

@@ -2,7 +2,7 @@
 //! revision, and fenced write-back transactions.
 
 use crate::reconcile::{Held, Op, DERIVED_REVISION};
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, WatchOptions, WatchStream, Watcher};
 
 pub use etcd_client::Error as EtcdError;
 
@@ -57,18 +57,33 @@ pub async fn connect(cfg: &EtcdConfig) -> Result<Client, EtcdError> {
     Client::connect(&cfg.endpoints, Some(opts)).await
 }
 
+/// The largest watch response accepted: etcd's own client accepts up to
+/// `i32::MAX` bytes. A watcher catching up gets up to 1,000 revisions in one
+/// response (128-operation transactions make that ~8 MB), over tonic's 4 MiB
+/// default, which would break the watch.
+pub const MAX_WATCH_RESPONSE: usize = i32::MAX as usize;
+
+/// Starts a watch that accepts responses up to [`MAX_WATCH_RESPONSE`].
+pub async fn watch(client: &Client, key: impl Into<Vec<u8>>, options: WatchOptions) -> Result<(Watcher, WatchStream), EtcdError> {
+    client.watch_client().max_decoding_message_size(MAX_WATCH_RESPONSE).watch(key, Some(options)).await
+}
+
 pub fn held(kv: &KeyValue) -> Option<(String, Held)> {
     let key = kv.key_str().ok()?.to_string();
     let value = String::from_utf8_lossy(kv.value()).into_owned();
     Some((key, Held { value, mod_revision: kv.mod_revision(), create_revision: kv.create_revision() }))
 }
 
+/// [`held`] without copying the key and value out of a key/value etcd sent.
+fn into_held(kv: KeyValue) -> Option<(String, Held)> {
+    let (mod_revision, create_revision) = (kv.mod_revision(), kv.create_revision());
+    let (key, value) = kv.into_key_value();
+    let key = String::from_utf8(key).ok()?;
+    let value = String::from_utf8(value).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    Some((key, Held { value, mod_revision, create_revision }))
+}
+
 /// Every key under `prefixes` at one revision (the current one), paginated.
-///
-/// etcd 3.4 walks the rest of the range for every limited read, so many small
-/// pages cost O(keys²): after the first page (at most `page` keys), pages are
-/// sized from the bytes per key seen so far to about 3 MiB, under the 4 MiB
-/// gRPC message limit, and halve if one is still too large.
 pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Result<(i64, Vec<(String, Held)>), EtcdError> {
     snapshot_at(client, prefixes, page, None).await
 }
@@ -76,12 +91,40 @@ pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Re
 /// [`snapshot`] at a past revision (None: the current one). A compacted
 /// revision is an error from etcd that names it.
 pub async fn snapshot_at(client: &mut Client, prefixes: &[String], page: i64, at: Option<i64>) -> Result<(i64, Vec<(String, Held)>), EtcdError> {
-    // Fix the revision with a cheap read first; every page reads at it.
     let rev = match at {
         Some(r) => r,
-        None => client.get("status/derived_revision", None).await?.header().map_or(0, |h| h.revision()),
+        None => current_revision(client).await?,
     };
     let mut out = Vec::new();
+    read_pages(client, prefixes, page, rev, |kvs| {
+        out.extend(kvs);
+        true
+    })
+    .await?;
+    Ok((rev, out))
+}
+
+/// etcd's current revision (a cheap read), to fix the revision a snapshot's
+/// pages are all read at.
+pub async fn current_revision(client: &mut Client) -> Result<i64, EtcdError> {
+    Ok(client.get("status/derived_revision", None).await?.header().map_or(0, |h| h.revision()))
+}
+
+/// Reads every key under `prefixes` at revision `rev`, a page at a time,
+/// handing each page to `sink` as it arrives (in key order within a prefix);
+/// stops early, without error, when `sink` returns false.
+///
+/// etcd 3.4 walks the rest of the range for every limited read, so many small
+/// pages cost O(keys²): after the first page (at most `page` keys), pages are
+/// sized from the bytes per key seen so far to about 3 MiB, under the 4 MiB
+/// gRPC message limit, and halve if one is still too large.
+pub async fn read_pages(
+    client: &mut Client,
+    prefixes: &[String],
+    page: i64,
+    rev: i64,
+    mut sink: impl FnMut(Vec<(String, Held)>) -> bool,
+) -> Result<(), EtcdError> {
     let mut page = page.max(1);
     for prefix in prefixes {
         let end = prefix_end(prefix);
@@ -89,7 +132,7 @@ pub async fn snapshot_at(client: &mut Client, prefixes: &[String], page: i64, at
         let mut start = if prefix.is_empty() { vec![0] } else { prefix.clone().into_bytes() };
         loop {
             let opts = GetOptions::new().with_range(end.clone()).with_revision(rev).with_limit(page);
-            let resp = match client.get(start.clone(), Some(opts)).await {
+            let mut resp = match client.get(start.clone(), Some(opts)).await {
                 Ok(r) => r,
                 Err(e) if page > 1 && is_too_large(&e) => {
                     page /= 2;
@@ -97,21 +140,26 @@ pub async fn snapshot_at(client: &mut Client, prefixes: &[String], page: i64, at
                 }
                 Err(e) => return Err(e),
             };
-            let kvs = resp.kvs();
+            let kvs = resp.take_kvs();
             let bytes: usize = kvs.iter().map(|kv| kv.key().len() + kv.value().len() + 32).sum();
             if !kvs.is_empty() {
                 let per_key = (bytes / kvs.len()).max(1);
                 page = ((3 << 20) / per_key).max(1) as i64;
             }
-            out.extend(kvs.iter().filter_map(held));
-            if !resp.more() || kvs.is_empty() {
+            let more = resp.more() && !kvs.is_empty();
+            if let Some(last) = kvs.last() {
+                start = last.key().to_vec();
+                start.push(0);
+            }
+            if !sink(kvs.into_iter().filter_map(into_held).collect()) {
+                return Ok(());
+            }
+            if !more {
                 break;
             }
-            start = kvs.last().map(|kv| kv.key().to_vec()).unwrap_or_default();
-            start.push(0);
         }
     }
-    Ok((rev, out))
+    Ok(())
 }
 
 /// Whether a response was over the gRPC message size limit.

@@ -137,17 +137,55 @@ impl Reconciler {
             self.time = last.max(self.time + 1);
             self.engine.apply(self.time, changes)?
         };
+        self.take_outputs(&diffs);
+        self.revision = last;
+        Ok(())
+    }
+
+    /// Whether nothing has been loaded yet.
+    pub fn is_fresh(&self) -> bool {
+        self.time == 0 && self.inputs.facts.is_empty() && self.inputs.rejected.is_empty() && self.held.is_empty()
+    }
+
+    /// Loads one page of the first snapshot (taken at `rev`) into a fresh
+    /// reconciler: records its keys and stages their tuples in the engine,
+    /// which starts on them while the caller reads the next page.
+    /// [`Reconciler::finish_load`] closes the snapshot. If the read fails
+    /// before that, the reconciler holds part of a snapshot: drop it.
+    pub fn load_page(&mut self, rev: u64, page: Vec<(String, Held)>) -> Result<(), EngineError> {
+        debug_assert_eq!(self.time, 0, "only a fresh reconciler loads pages");
+        let events: Vec<Event> = page.into_iter().map(|(key, h)| Event { key, value: Some(h) }).collect();
+        let changes = self.record(&events);
+        self.engine.stage(rev, changes)
+    }
+
+    /// Closes a snapshot loaded with [`Reconciler::load_page`]: the engine
+    /// evaluates it, and every derived, held or rejected key is to be planned.
+    pub fn finish_load(&mut self, rev: u64) -> Result<(), EngineError> {
+        self.time = rev;
+        let t = std::time::Instant::now();
+        let diffs = self.engine.apply(rev, Vec::new())?;
+        let evaluated = t.elapsed();
+        // Every derived key is touched by its first diff, and `record` marked
+        // every held and rejected key: all are dirty now.
+        self.take_outputs(&diffs);
+        self.revision = rev;
+        tracing::debug!(diffs = diffs.len(), evaluate = evaluated.as_secs_f64(), outputs = (t.elapsed() - evaluated).as_secs_f64(), "snapshot evaluated");
+        Ok(())
+    }
+
+    /// Takes the engine's output diffs into the output side; marks each key
+    /// they touch (and its conflict record, if that may change) dirty.
+    fn take_outputs(&mut self, diffs: &[ccattler_engine::Change]) {
         // A key's conflict record needs a look only if it is conflicted now or
         // some record is held (it may be this key's, now resolved).
         let records_held = self.held.range(CONFLICT.to_string()..).next().is_some_and(|(k, _)| k.starts_with(CONFLICT));
-        for key in self.outputs.apply(&self.program, &diffs) {
+        for key in self.outputs.apply(&self.program, diffs) {
             if records_held || self.outputs.conflicts.contains_key(&key) {
                 self.dirty.insert(format!("{CONFLICT}{key}"));
             }
             self.dirty.insert(key);
         }
-        self.revision = last;
-        Ok(())
     }
 
     /// Records one revision's events; returns the tuple changes they cause.
@@ -177,13 +215,10 @@ impl Reconciler {
     /// compaction or a reconnect): applies exactly the differences, so
     /// nothing that did not change is rewritten.
     pub fn rebase(&mut self, rev: u64, snapshot: Vec<(String, Held)>) -> Result<(), EngineError> {
-        let first = self.time == 0;
-        if first && self.inputs.facts.is_empty() && self.inputs.rejected.is_empty() && self.held.is_empty() {
+        if self.is_fresh() {
             // Nothing known yet: the snapshot is the difference, moved in as it is.
-            let events = snapshot.into_iter().map(|(key, h)| Event { key, value: Some(h) }).collect();
-            self.apply_many(vec![(rev, events)])?;
-            self.mark_all_dirty();
-            return Ok(());
+            self.load_page(rev, snapshot)?;
+            return self.finish_load(rev);
         }
         let mut events = Vec::new();
         let snap: BTreeMap<String, Held> = snapshot.into_iter().collect();
@@ -202,11 +237,7 @@ impl Reconciler {
                 events.push(Event { key: k.clone(), value: Some(h.clone()) });
             }
         }
-        self.apply_many(vec![(rev, events)])?;
-        if first {
-            self.mark_all_dirty();
-        }
-        Ok(())
+        self.apply_many(vec![(rev, events)])
     }
 
     /// Considers every key again (a fresh start, or after a failed write).

@@ -32,6 +32,10 @@ pub enum EngineError {
 }
 
 enum Cmd {
+    /// Enter changes at a revision still open (more may follow before an
+    /// `Apply` closes it) and start working on them while the caller prepares
+    /// the next ones.
+    Stage { at: u64, changes: Vec<Change> },
     /// Enter each batch of changes at its revision and run until every output
     /// is complete at the last one.
     Apply { batches: Vec<(u64, Vec<Change>)> },
@@ -54,6 +58,8 @@ pub struct Engine {
     done: Receiver<Done>,
     guards: Option<timely::communication::WorkerGuards<()>>,
     last_rev: u64,
+    /// The revision changes were staged at, if any are waiting for an `apply`.
+    staged: Option<u64>,
 }
 
 impl Engine {
@@ -80,7 +86,7 @@ impl Engine {
             }
         })
         .map_err(EngineError::Stopped)?;
-        Ok(Engine { program, senders, done, guards: Some(guards), last_rev: 0 })
+        Ok(Engine { program, senders, done, guards: Some(guards), last_rev: 0, staged: None })
     }
 
     pub fn program(&self) -> &Arc<Program> {
@@ -105,22 +111,16 @@ impl Engine {
     /// Returns the output changes of all of them together.
     pub fn apply_many(&mut self, batches: Vec<(u64, Vec<Change>)>) -> Result<Vec<Change>, EngineError> {
         let Some(&(rev, _)) = batches.last() else { return Ok(Vec::new()) };
-        let mut prev = self.last_rev;
-        for (r, _) in &batches {
-            if *r <= prev {
+        // Revisions increase; the first may be the staged one, still open.
+        let mut prev = self.last_rev.max(self.staged.unwrap_or(0));
+        for (i, (r, _)) in batches.iter().enumerate() {
+            let open = i == 0 && self.staged == Some(*r);
+            if *r <= prev && !open {
                 return Err(EngineError::RevisionOrder { rev: *r, last: prev });
             }
             prev = *r;
         }
-        for (rel, row, _) in batches.iter().flat_map(|(_, c)| c) {
-            let r = self.program.relations.get(*rel).ok_or(EngineError::NotInput(*rel))?;
-            if r.kind != ccattler_parser::ast::DeclKind::Input {
-                return Err(EngineError::NotInput(*rel));
-            }
-            if row.len() != r.arity() {
-                return Err(EngineError::Arity { relation: r.name.clone(), expected: r.arity(), found: row.len() });
-            }
-        }
+        self.check(batches.iter().flat_map(|(_, c)| c))?;
         // Worker 0 feeds the inputs; the others only advance time.
         let empty: Vec<(u64, Vec<Change>)> = batches.iter().map(|(r, _)| (*r, Vec::new())).collect();
         let mut batches = Some(batches);
@@ -135,7 +135,42 @@ impl Engine {
             all.extend(done.diffs);
         }
         self.last_rev = rev;
+        self.staged = None;
         Ok(consolidate(all))
+    }
+
+    /// Enters changes at revision `rev` without closing it: the workers start
+    /// on them (e.g. sorting them into arrangements) while the caller reads
+    /// and decodes the next ones. A later `apply` at `rev` (or after it)
+    /// closes the revision and returns the output changes of everything
+    /// staged and applied. Loading a large snapshot page by page this way
+    /// overlaps the engine's work with the read.
+    pub fn stage(&mut self, rev: u64, changes: Vec<Change>) -> Result<(), EngineError> {
+        if rev <= self.last_rev || self.staged.is_some_and(|s| rev < s) {
+            return Err(EngineError::RevisionOrder { rev, last: self.last_rev.max(self.staged.unwrap_or(0)) });
+        }
+        self.check(&changes)?;
+        let mut changes = Some(changes);
+        for s in &self.senders {
+            let c = changes.take().unwrap_or_default();
+            s.send(Cmd::Stage { at: rev, changes: c }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
+        }
+        self.staged = Some(rev);
+        Ok(())
+    }
+
+    /// Every change must be to an input relation, with its arity.
+    fn check<'a>(&self, changes: impl IntoIterator<Item = &'a Change>) -> Result<(), EngineError> {
+        for (rel, row, _) in changes {
+            let r = self.program.relations.get(*rel).ok_or(EngineError::NotInput(*rel))?;
+            if r.kind != ccattler_parser::ast::DeclKind::Input {
+                return Err(EngineError::NotInput(*rel));
+            }
+            if row.len() != r.arity() {
+                return Err(EngineError::Arity { relation: r.name.clone(), expected: r.arity(), found: row.len() });
+            }
+        }
+        Ok(())
     }
 
     /// The current tuples of a derived relation, sorted. (Input relations are
@@ -186,6 +221,9 @@ pub fn consolidate(mut changes: Vec<Change>) -> Vec<Change> {
     out
 }
 
+/// Steps a worker takes on staged changes before it looks for more.
+const STAGE_STEPS: usize = 32;
+
 fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiver<Cmd>, tx: Sender<Done>) {
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
     let outputs: Rc<RefCell<Vec<(RelId, Row, u64, isize)>>> = Rc::new(RefCell::new(Vec::new()));
@@ -225,8 +263,41 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
     if worker.index() == 0 {
         unit_input.insert(Vec::<Value>::new());
     }
-    while let Ok(cmd) = rx.recv() {
+    // A command that arrived while staged work was being done.
+    let mut next: Option<Cmd> = None;
+    loop {
+        let cmd = match next.take() {
+            Some(cmd) => cmd,
+            None => match rx.recv() {
+                Ok(cmd) => cmd,
+                Err(_) => return,
+            },
+        };
         match cmd {
+            Cmd::Stage { at, changes } => {
+                for (rel, row, d) in changes {
+                    if let Some(input) = inputs.get_mut(&rel) {
+                        input.update_at(row, at, d);
+                    }
+                }
+                for input in inputs.values_mut() {
+                    input.flush();
+                }
+                // Work on it until the next command comes (or a few steps
+                // have passed: what is left waits for the revision's close).
+                for _ in 0..STAGE_STEPS {
+                    match rx.try_recv() {
+                        Ok(cmd) => {
+                            next = Some(cmd);
+                            break;
+                        }
+                        Err(std::sync::mpsc::TryRecvError::Empty) => {
+                            worker.step();
+                        }
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+                    }
+                }
+            }
             Cmd::Apply { batches } => {
                 let Some(&(rev, _)) = batches.last() else { continue };
                 for (at, changes) in batches {
