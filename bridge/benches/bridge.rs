@@ -1,7 +1,8 @@
 //! The controller against a real etcd holding the synthetic cluster.
 //!
 //! `cargo bench -p ccattler-bridge --bench bridge [-- --nodes N --services N
-//! --instances N --changes N]` (defaults 5,000 / 1,000 / 150,000 / 100).
+//! --instances N --changes N --workers N]` (defaults 5,000 / 1,000 / 150,000 /
+//! 100 / 1 engine worker).
 //! Starts its own throwaway etcd (needs `etcd` on PATH) and reports, in one run:
 //! raw etcd write throughput (128-op transactions, 8 in flight), the time to
 //! merely read the snapshot, the controller's cold start beside it, its bulk
@@ -25,6 +26,7 @@ fn main() {
     log_if_asked();
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);
+    let workers: usize = synth::arg("--workers").unwrap_or(1);
     let rules = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../rules"));
     let etcd = Etcd::start();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
@@ -49,7 +51,7 @@ fn main() {
         let ccfg = ControllerConfig {
             etcd: cfg.clone(),
             rules: rules.clone(),
-            workers: 1,
+            workers,
             max_txn_ops: 128,
             leader_ttl: 10,
             id: "bench".into(),

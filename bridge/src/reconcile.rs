@@ -131,13 +131,10 @@ impl Reconciler {
         }
         // Revisions that change no input tuple (e.g. our own writes of
         // output-only keys coming back) need no engine pass at all.
-        let diffs = if changes.is_empty() {
-            Vec::new()
-        } else {
+        if !changes.is_empty() {
             self.time = last.max(self.time + 1);
-            self.engine.apply(self.time, changes)?
-        };
-        self.take_outputs(&diffs);
+            self.evaluate(self.time, changes)?;
+        }
         self.revision = last;
         Ok(())
     }
@@ -163,29 +160,44 @@ impl Reconciler {
     /// evaluates it, and every derived, held or rejected key is to be planned.
     pub fn finish_load(&mut self, rev: u64) -> Result<(), EngineError> {
         self.time = rev;
-        let t = std::time::Instant::now();
-        let diffs = self.engine.apply(rev, Vec::new())?;
-        let evaluated = t.elapsed();
         // Every derived key is touched by its first diff, and `record` marked
-        // every held and rejected key: all are dirty now.
-        self.take_outputs(&diffs);
+        // every held and rejected key: all are dirty after this.
+        self.evaluate(rev, Vec::new())?;
         self.revision = rev;
-        tracing::debug!(diffs = diffs.len(), evaluate = evaluated.as_secs_f64(), outputs = (t.elapsed() - evaluated).as_secs_f64(), "snapshot evaluated");
         Ok(())
     }
 
-    /// Takes the engine's output diffs into the output side; marks each key
-    /// they touch (and its conflict record, if that may change) dirty.
-    fn take_outputs(&mut self, diffs: &[ccattler_engine::Change]) {
+    /// Runs the engine on `changes` at `time`, taking its output in while it
+    /// runs; marks each key it touches (and its conflict record, if that may
+    /// change) dirty.
+    fn evaluate(&mut self, time: u64, changes: Vec<ccattler_engine::Change>) -> Result<(), EngineError> {
+        let t = std::time::Instant::now();
+        let mut touched = Vec::new();
+        let (outputs, program) = (&mut self.outputs, &self.program);
+        self.engine.apply_streaming(vec![(time, changes)], |part| outputs.count(program, &part, &mut touched))?;
+        let evaluated = t.elapsed();
+        self.outputs.resolve_all(&self.program, &touched);
         // A key's conflict record needs a look only if it is conflicted now or
         // some record is held (it may be this key's, now resolved).
         let records_held = self.held.range(CONFLICT.to_string()..).next().is_some_and(|(k, _)| k.starts_with(CONFLICT));
-        for key in self.outputs.apply(&self.program, diffs) {
+        let mut keys = Vec::with_capacity(touched.len());
+        for key in touched {
             if records_held || self.outputs.conflicts.contains_key(&key) {
-                self.dirty.insert(format!("{CONFLICT}{key}"));
+                keys.push(format!("{CONFLICT}{key}"));
             }
-            self.dirty.insert(key);
+            keys.push(key);
         }
+        // Many keys go in bulk, sorted (a cold start marks every derived key).
+        if keys.len() > self.dirty.len() {
+            keys.extend(std::mem::take(&mut self.dirty));
+            self.dirty = keys.into_iter().collect();
+        } else {
+            self.dirty.extend(keys);
+        }
+        if t.elapsed().as_secs() >= 1 {
+            tracing::debug!(time, evaluate = evaluated.as_secs_f64(), resolve = (t.elapsed() - evaluated).as_secs_f64(), "evaluated");
+        }
+        Ok(())
     }
 
     /// Records one revision's events; returns the tuple changes they cause.

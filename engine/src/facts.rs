@@ -128,7 +128,7 @@ pub struct Conflict {
 #[derive(Default)]
 pub struct OutputFacts {
     /// key → what derives it: almost always one value from one rule.
-    candidates: HashMap<String, Vec<Candidate>>,
+    candidates: HashMap<String, Vec<Candidate>, foldhash::fast::RandomState>,
     /// What the rules derive now, one value per key (conflicted keys keep their
     /// last unique value, or are absent if they never had one).
     pub resolved: BTreeMap<String, String>,
@@ -164,25 +164,44 @@ impl OutputFacts {
     /// (its resolved value or its conflict may have changed), once per diff.
     pub fn apply(&mut self, program: &Program, diffs: &[Change]) -> Vec<String> {
         let mut touched = Vec::with_capacity(diffs.len());
+        self.count(program, diffs, &mut touched);
+        self.resolve_all(program, &touched);
+        touched
+    }
+
+    /// The first half of [`OutputFacts::apply`], for diffs that arrive in
+    /// parts ([`crate::Engine::apply_streaming`]): counts them and adds the
+    /// keys they touch to `touched`. Nothing is resolved until
+    /// [`OutputFacts::resolve_all`] gets every part's keys.
+    pub fn count(&mut self, program: &Program, diffs: &[Change], touched: &mut Vec<String>) {
+        self.candidates.reserve(diffs.len());
         for (rel, tagged, d) in diffs {
             if program.relations[*rel].kind != DeclKind::Output {
                 continue;
             }
             let Some((Value::Int(rule), row)) = tagged.split_first() else { continue };
             let Some((key, value)) = encode(program, *rel, row) else { continue };
-            self.count(key.clone(), value, *rule as usize, *d);
+            self.count_one(key.clone(), value, *rule as usize, *d);
             touched.push(key);
         }
-        // Resolved once every diff is in: a state inside the batch (one value
-        // of a key that ends conflicted) never counts as the key's value.
-        for key in &touched {
-            self.resolve(program, key);
+    }
+
+    /// Resolves the keys counted diffs touched, once every diff is in: a
+    /// state inside the batch (one value of a key that ends conflicted)
+    /// never counts as the key's value.
+    pub fn resolve_all(&mut self, program: &Program, touched: &[String]) {
+        // Into an empty map (a cold start) the keys go in bulk, sorted.
+        let mut fresh = self.resolved.is_empty().then(Vec::new);
+        for key in touched {
+            self.resolve(program, key, &mut fresh);
         }
-        touched
+        if let Some(fresh) = fresh {
+            self.resolved = fresh.into_iter().collect();
+        }
     }
 
     /// Adds `d` tuples of `rule` deriving `key = value`.
-    fn count(&mut self, key: String, value: String, rule: usize, d: isize) {
+    fn count_one(&mut self, key: String, value: String, rule: usize, d: isize) {
         let cands = self.candidates.entry(key).or_default();
         match cands.iter().position(|c| c.rule == rule && c.value == value) {
             Some(at) => {
@@ -196,7 +215,8 @@ impl OutputFacts {
     }
 
     /// Brings `resolved` and `conflicts` in line with a key's candidates.
-    fn resolve(&mut self, program: &Program, key: &str) {
+    /// A key new to `resolved` goes to `fresh` instead, if given.
+    fn resolve(&mut self, program: &Program, key: &str, fresh: &mut Option<Vec<(String, String)>>) {
         let Some(cands) = self.candidates.get(key).filter(|c| !c.is_empty()) else {
             self.candidates.remove(key);
             self.resolved.remove(key);
@@ -211,9 +231,12 @@ impl OutputFacts {
                         first.clone_into(v);
                     }
                 }
-                None => {
-                    self.resolved.insert(key.to_string(), first.clone());
-                }
+                None => match fresh {
+                    Some(fresh) => fresh.push((key.to_string(), first.clone())),
+                    None => {
+                        self.resolved.insert(key.to_string(), first.clone());
+                    }
+                },
             }
             self.conflicts.remove(key);
             return;
@@ -272,5 +295,20 @@ mod tests {
         // Two values arriving together: conflicted from the start, never a value.
         out.apply(&p, &[diff(0, "db", 1, 1), diff(1, "db", 2, 1)]);
         assert!(out.conflicts.contains_key("o/db") && !out.resolved.contains_key("o/db"));
+    }
+
+    #[test]
+    fn diffs_counted_in_parts_resolve_as_one_batch() {
+        let p = program();
+        let mut out = OutputFacts::default();
+        out.apply(&p, &[diff(0, "web", 1, 1)]);
+        // In parts, unconsolidated: a retraction may come before its insert,
+        // and a value that ends replaced is never the key's value.
+        let mut touched = Vec::new();
+        out.count(&p, &[diff(0, "web", 1, -1), diff(0, "db", 5, -1)], &mut touched);
+        out.count(&p, &[diff(0, "db", 5, 1), diff(0, "web", 2, 1), diff(0, "api", 7, 1)], &mut touched);
+        out.resolve_all(&p, &touched);
+        assert_eq!(out.resolved.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>(), [("o/api", "7"), ("o/web", "2")]);
+        assert!(out.conflicts.is_empty() && !out.candidates.contains_key("o/db"));
     }
 }

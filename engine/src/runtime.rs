@@ -45,17 +45,21 @@ enum Cmd {
     Lookup { rel: RelId, prefix: Row, reply: Sender<Vec<Row>> },
 }
 
-/// What one worker reports after an `Apply`: output diffs at that revision.
-struct Done {
-    rev: u64,
-    diffs: Vec<Change>,
+/// What a worker reports while it runs an `Apply`: output diffs as they are
+/// produced (not consolidated; together they are the revision's), then done.
+enum Report {
+    Part(Vec<Change>),
+    Done { rev: u64 },
 }
+
+/// Output rows a worker gathers before it hands them on as a part.
+const PART_ROWS: usize = 16 * 1024;
 
 /// A running engine: the compiled program on `workers` timely threads.
 pub struct Engine {
     program: Arc<Program>,
     senders: Vec<Sender<Cmd>>,
-    done: Receiver<Done>,
+    reports: Receiver<Report>,
     guards: Option<timely::communication::WorkerGuards<()>>,
     last_rev: u64,
     /// The revision changes were staged at, if any are waiting for an `apply`.
@@ -74,7 +78,7 @@ impl Engine {
             receivers.push(Some(r));
         }
         let receivers = Arc::new(Mutex::new(receivers));
-        let (done_tx, done) = channel();
+        let (done_tx, reports) = channel();
         let done_tx = Arc::new(Mutex::new(done_tx));
         let prog = program.clone();
         let config = if workers == 1 { timely::Config::thread() } else { timely::Config::process(workers) };
@@ -86,7 +90,7 @@ impl Engine {
             }
         })
         .map_err(EngineError::Stopped)?;
-        Ok(Engine { program, senders, done, guards: Some(guards), last_rev: 0, staged: None })
+        Ok(Engine { program, senders, reports, guards: Some(guards), last_rev: 0, staged: None })
     }
 
     pub fn program(&self) -> &Arc<Program> {
@@ -110,7 +114,17 @@ impl Engine {
     /// of revisions pays the per-revision cost of stepping the dataflow once.
     /// Returns the output changes of all of them together.
     pub fn apply_many(&mut self, batches: Vec<(u64, Vec<Change>)>) -> Result<Vec<Change>, EngineError> {
-        let Some(&(rev, _)) = batches.last() else { return Ok(Vec::new()) };
+        let mut all = Vec::new();
+        self.apply_streaming(batches, |part| all.extend(part))?;
+        Ok(consolidate(all))
+    }
+
+    /// Like [`Engine::apply_many`], but hands the output changes to `part` in
+    /// pieces while the workers still run, unconsolidated (a row may come and
+    /// go, or come from several pieces): the caller can take them in while
+    /// the evaluation goes on. Summed, they are `apply_many`'s result.
+    pub fn apply_streaming(&mut self, batches: Vec<(u64, Vec<Change>)>, mut part: impl FnMut(Vec<Change>)) -> Result<(), EngineError> {
+        let Some(&(rev, _)) = batches.last() else { return Ok(()) };
         // Revisions increase; the first may be the staged one, still open.
         let mut prev = self.last_rev.max(self.staged.unwrap_or(0));
         for (i, (r, _)) in batches.iter().enumerate() {
@@ -128,15 +142,19 @@ impl Engine {
             let b = batches.take().unwrap_or_else(|| empty.clone());
             s.send(Cmd::Apply { batches: b }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
         }
-        let mut all = Vec::new();
-        for _ in 0..self.senders.len() {
-            let done = self.done.recv().map_err(|_| EngineError::Stopped("worker gone".into()))?;
-            debug_assert_eq!(done.rev, rev);
-            all.extend(done.diffs);
+        let mut running = self.senders.len();
+        while running > 0 {
+            match self.reports.recv().map_err(|_| EngineError::Stopped("worker gone".into()))? {
+                Report::Part(diffs) => part(diffs),
+                Report::Done { rev: done } => {
+                    debug_assert_eq!(done, rev);
+                    running -= 1;
+                }
+            }
         }
         self.last_rev = rev;
         self.staged = None;
-        Ok(consolidate(all))
+        Ok(())
     }
 
     /// Enters changes at revision `rev` without closing it: the workers start
@@ -224,7 +242,7 @@ pub fn consolidate(mut changes: Vec<Change>) -> Vec<Change> {
 /// Steps a worker takes on staged changes before it looks for more.
 const STAGE_STEPS: usize = 32;
 
-fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiver<Cmd>, tx: Sender<Done>) {
+fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiver<Cmd>, tx: Sender<Report>) {
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
     let outputs: Rc<RefCell<Vec<(RelId, Row, u64, isize)>>> = Rc::new(RefCell::new(Vec::new()));
     let probe = Probe::new();
@@ -313,20 +331,31 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                     input.advance_to(rev + 1);
                     input.flush();
                 }
-                worker.step_while(|| probe.less_equal(&rev));
+                // Output rows go out in parts as they come, so the caller
+                // can take them in while the evaluation goes on.
+                let send_part = |outputs: &RefCell<Vec<(RelId, Row, u64, isize)>>| {
+                    let part: Vec<Change> = outputs
+                        .borrow_mut()
+                        .drain(..)
+                        .map(|(rel, row, t, d)| {
+                            debug_assert!(t <= rev);
+                            (rel, row, d)
+                        })
+                        .collect();
+                    part.is_empty() || tx.send(Report::Part(part)).is_ok()
+                };
+                while probe.less_equal(&rev) {
+                    worker.step();
+                    if outputs.borrow().len() >= PART_ROWS && !send_part(&outputs) {
+                        return;
+                    }
+                }
                 let frontier = Antichain::from_elem(rev);
                 for t in traces.values_mut() {
                     t.set_logical_compaction(frontier.borrow());
                     t.set_physical_compaction(frontier.borrow());
                 }
-                let mut buf = outputs.borrow_mut();
-                let diffs = buf.drain(..).map(|(rel, row, t, d)| {
-                    debug_assert!(t <= rev);
-                    (rel, row, d)
-                });
-                let diffs = consolidate(diffs.collect());
-                drop(buf);
-                if tx.send(Done { rev, diffs }).is_err() {
+                if !send_part(&outputs) || tx.send(Report::Done { rev }).is_err() {
                     return;
                 }
             }

@@ -198,3 +198,21 @@ fn staged_revisions_stay_in_order() {
     assert_eq!(out, [2, 3, 4]);
     assert!(e.apply(7, vec![]).is_err(), "closed now");
 }
+
+#[test]
+fn streamed_parts_sum_to_the_whole() {
+    // `c` follows `b` by at least one step: its rows come in a later part.
+    let src = "input a(x: int, y: int) from \"a/{x}/{y}\"\noutput b(x: int, y: int) to \"b/{x}/{y}\"\noutput c(x: int, y: int) to \"c/{x}/{y}\"\nb(x, y) :- a(x, y), x < y.\nc(x, y) :- b(x, y), not a(y, x).\n";
+    let program = Arc::new(ccattler_parser::check_str("r.rules", src).program.expect("checks"));
+    let a = program.relations.iter().position(|r| r.name == "a").unwrap();
+    let changes: Vec<(usize, Row, isize)> =
+        (0..200i64).flat_map(|x| (0..200i64).filter(move |y| (x + y) % 7 != 0).map(move |y| (a, vec![Value::Int(x), Value::Int(y)], 1))).collect();
+    let whole = Engine::start(program.clone(), 1).unwrap().apply(1, changes.clone()).unwrap();
+    for workers in [1, 2] {
+        let mut e = Engine::start(program.clone(), workers).unwrap();
+        let mut parts = Vec::new();
+        e.apply_streaming(vec![(1, changes.clone())], |p| parts.push(p)).unwrap();
+        assert!(parts.len() > 1, "big enough to come in parts");
+        assert_eq!(ccattler_engine::runtime::consolidate(parts.concat()), whole);
+    }
+}
