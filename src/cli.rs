@@ -87,7 +87,8 @@ enum Command {
         /// This controller's name in `status/leader` (default: host and pid).
         #[arg(long)]
         id: Option<String>,
-        #[arg(long, default_value_t = 1)]
+        /// Engine worker threads (default: one per core).
+        #[arg(long, default_value_t = ccattler_engine::default_workers())]
         workers: usize,
         /// Operations per transaction (etcd's --max-txn-ops).
         #[arg(long, default_value_t = 128)]
@@ -222,8 +223,8 @@ enum Command {
         rules: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
-        /// Timely worker threads.
-        #[arg(long, default_value_t = 1)]
+        /// Engine worker threads (default: one per core).
+        #[arg(long, default_value_t = ccattler_engine::default_workers())]
         workers: usize,
     },
 }

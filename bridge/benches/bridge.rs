@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p ccattler-bridge --bench bridge [-- --nodes N --services N
 //! --instances N --changes N --workers N]` (defaults 5,000 / 1,000 / 150,000 /
-//! 100 / 1 engine worker).
+//! 100 / one engine worker per core, as `ccattler controller`).
 //! Starts its own throwaway etcd (needs `etcd` on PATH) and reports, in one run:
 //! raw etcd write throughput (128-op transactions, 8 in flight), the time to
 //! merely read the snapshot, the controller's cold start beside it, its bulk
@@ -26,7 +26,7 @@ fn main() {
     log_if_asked();
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);
-    let workers: usize = synth::arg("--workers").unwrap_or(1);
+    let workers: usize = synth::arg("--workers").unwrap_or_else(ccattler_engine::default_workers);
     let rules = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../rules"));
     let etcd = Etcd::start();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();

@@ -46,7 +46,7 @@ async fn start_controller(etcd: &Etcd) -> Running {
     let cfg = ControllerConfig {
         etcd: etcd.config(),
         rules: rules(),
-        workers: 1,
+        workers: ccattler_engine::default_workers(),
         max_txn_ops: 128,
         leader_ttl: 10,
         id: "bench".into(),

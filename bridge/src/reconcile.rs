@@ -9,6 +9,7 @@
 use ccattler_engine::facts::{InputFacts, OutputFacts};
 use ccattler_engine::{Engine, EngineError};
 use ccattler_parser::program::Program;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -62,6 +63,9 @@ pub struct Reconciler {
     held: BTreeMap<String, Held>,
     /// Keys whose derived or held value may differ.
     dirty: BTreeSet<String>,
+    /// Every managed key may differ (a fresh start, a takeover): cheaper
+    /// than listing them all in `dirty`.
+    all_dirty: bool,
     /// The etcd revision the state reflects.
     revision: u64,
     /// The engine's logical time: the etcd revision, except that a resync onto
@@ -79,6 +83,7 @@ impl Reconciler {
             outputs: OutputFacts::default(),
             held: BTreeMap::new(),
             dirty: BTreeSet::new(),
+            all_dirty: false,
             revision: 0,
             time: 0,
         })
@@ -160,8 +165,7 @@ impl Reconciler {
     /// evaluates it, and every derived, held or rejected key is to be planned.
     pub fn finish_load(&mut self, rev: u64) -> Result<(), EngineError> {
         self.time = rev;
-        // Every derived key is touched by its first diff, and `record` marked
-        // every held and rejected key: all are dirty after this.
+        self.all_dirty = true;
         self.evaluate(rev, Vec::new())?;
         self.revision = rev;
         Ok(())
@@ -177,6 +181,12 @@ impl Reconciler {
         self.engine.apply_streaming(vec![(time, changes)], |part| outputs.count(program, &part, &mut touched))?;
         let evaluated = t.elapsed();
         self.outputs.resolve_all(&self.program, &touched);
+        if t.elapsed().as_secs() >= 1 {
+            tracing::debug!(time, evaluate = evaluated.as_secs_f64(), resolve = (t.elapsed() - evaluated).as_secs_f64(), "evaluated");
+        }
+        if self.all_dirty {
+            return Ok(());
+        }
         // A key's conflict record needs a look only if it is conflicted now or
         // some record is held (it may be this key's, now resolved).
         let records_held = self.held.range(CONFLICT.to_string()..).next().is_some_and(|(k, _)| k.starts_with(CONFLICT));
@@ -187,15 +197,12 @@ impl Reconciler {
             }
             keys.push(key);
         }
-        // Many keys go in bulk, sorted (a cold start marks every derived key).
+        // Many keys go in bulk, sorted.
         if keys.len() > self.dirty.len() {
             keys.extend(std::mem::take(&mut self.dirty));
             self.dirty = keys.into_iter().collect();
         } else {
             self.dirty.extend(keys);
-        }
-        if t.elapsed().as_secs() >= 1 {
-            tracing::debug!(time, evaluate = evaluated.as_secs_f64(), resolve = (t.elapsed() - evaluated).as_secs_f64(), "evaluated");
         }
         Ok(())
     }
@@ -252,52 +259,65 @@ impl Reconciler {
         self.apply_many(vec![(rev, events)])
     }
 
-    /// Considers every key again (a fresh start, or after a failed write).
+    /// Considers every key again (a fresh start, a takeover).
     pub fn mark_all_dirty(&mut self) {
-        let derived: Vec<String> = self.outputs.resolved.keys().cloned().collect();
-        let held: Vec<String> = self.held.keys().cloned().collect();
-        let rejected: Vec<String> = self.inputs.rejected.keys().map(|k| format!("{REJECTED}{k}")).collect();
-        self.dirty.extend(derived.into_iter().chain(held).chain(rejected));
+        self.all_dirty = true;
+    }
+
+    /// Every managed key once: derived, held, and the rejection and conflict
+    /// records there are.
+    fn all_keys(&self) -> impl Iterator<Item = Cow<'_, str>> {
+        let derived = self.outputs.resolved.keys().map(|k| Cow::Borrowed(k.as_str()));
+        let held = self.held.keys().filter(|k| !self.outputs.resolved.contains_key(*k)).map(|k| Cow::Borrowed(k.as_str()));
+        let rejected = self.inputs.rejected.keys().map(|k| format!("{REJECTED}{k}"));
+        let conflicts = self.outputs.conflicts.keys().map(|k| format!("{CONFLICT}{k}"));
+        let records = rejected.chain(conflicts).filter(|k| !self.held.contains_key(k) && !self.outputs.resolved.contains_key(k)).map(Cow::Owned);
+        derived.chain(held).chain(records)
     }
 
     /// What a managed key should hold according to the rules.
     pub fn desired(&self, key: &str) -> Option<String> {
+        self.desired_value(key).map(Cow::into_owned)
+    }
+
+    fn desired_value(&self, key: &str) -> Option<Cow<'_, str>> {
         if let Some(input_key) = key.strip_prefix(REJECTED) {
-            return self.inputs.rejected.get(input_key).cloned();
+            return self.inputs.rejected.get(input_key).map(|r| Cow::Borrowed(r.as_str()));
         }
         if let Some(output_key) = key.strip_prefix(CONFLICT) {
             return self.outputs.conflicts.get(output_key).map(|c| {
                 let values: Vec<String> = c.values.iter().map(|(v, rules)| format!("{v:?} from {}", rules.join(", "))).collect();
-                values.join("; ")
+                Cow::Owned(values.join("; "))
             });
         }
-        self.outputs.resolved.get(key).cloned()
+        self.outputs.resolved.get(key).map(|v| Cow::Borrowed(v.as_str()))
     }
 
     /// The writes that make etcd hold what the rules derive, for the dirty keys.
     pub fn plan(&self) -> Vec<Op> {
-        self.plan_keys(self.dirty.iter())
+        if self.all_dirty {
+            return self.plan_keys(self.all_keys());
+        }
+        self.plan_keys(self.dirty.iter().map(|k| Cow::Borrowed(k.as_str())))
     }
 
-    /// The writes for every managed key (what `ccattler plan` shows).
+    /// The writes for every managed key, in key order (what `ccattler plan` shows).
     pub fn full_plan(&self) -> Vec<Op> {
-        let mut keys: BTreeSet<String> = self.held.keys().cloned().collect();
-        keys.extend(self.outputs.resolved.keys().cloned());
-        keys.extend(self.inputs.rejected.keys().map(|k| format!("{REJECTED}{k}")));
-        keys.extend(self.outputs.conflicts.keys().map(|k| format!("{CONFLICT}{k}")));
-        self.plan_keys(keys.iter())
+        let mut ops = self.plan_keys(self.all_keys());
+        ops.sort_by(|a, b| a.key().cmp(b.key()));
+        ops
     }
 
-    fn plan_keys<'a>(&self, keys: impl Iterator<Item = &'a String>) -> Vec<Op> {
+    fn plan_keys<'a>(&self, keys: impl Iterator<Item = Cow<'a, str>>) -> Vec<Op> {
         let mut ops = Vec::new();
         for key in keys {
-            let held = self.held.get(key);
+            let held = self.held.get(key.as_ref());
             // A conflicted output keeps whatever etcd holds.
-            let conflicted = self.outputs.conflicts.contains_key(key.as_str());
-            match (self.desired(key), held) {
-                (Some(v), None) => ops.push(Op::Create { key: key.clone(), value: v }),
-                (Some(v), Some(h)) if v != h.value => ops.push(Op::Update { key: key.clone(), value: v, mod_revision: h.mod_revision }),
-                (None, Some(h)) if !conflicted => ops.push(Op::Delete { key: key.clone(), mod_revision: h.mod_revision }),
+            let conflicted = self.outputs.conflicts.contains_key(key.as_ref());
+            match (self.desired_value(&key), held) {
+                (Some(v), None) => ops.push(Op::Create { key: key.into_owned(), value: v.into_owned() }),
+                (Some(v), Some(h)) if v != h.value => ops.push(Op::Update { key: key.into_owned(), value: v.into_owned(), mod_revision: h.mod_revision }),
+                (None, Some(h)) if !conflicted => ops.push(Op::Delete { key: key.into_owned(), mod_revision: h.mod_revision }),
                 _ => {}
             }
         }
@@ -327,6 +347,7 @@ impl Reconciler {
     /// After a plan came out empty: no dirty key needs a write.
     pub fn clean(&mut self) {
         self.dirty.clear();
+        self.all_dirty = false;
     }
 }
 

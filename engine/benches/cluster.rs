@@ -60,7 +60,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() {
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);
-    let workers: usize = synth::arg("--workers").unwrap_or(1);
+    let workers: usize = synth::arg("--workers").unwrap_or_else(ccattler_engine::default_workers);
     let rules: String = synth::arg("--rules").unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../rules").to_string());
     let checked = ccattler_parser::load(&[rules.clone().into()]).expect("rules load");
     assert_eq!(checked.errors(), 0, "{}", checked.render());

@@ -17,6 +17,6 @@ pub mod session;
 pub mod synth;
 pub mod value;
 
-pub use runtime::{Change, Engine, EngineError};
+pub use runtime::{default_workers, Change, Engine, EngineError};
 pub use session::{Session, SessionError};
 pub use value::{Row, Value};
