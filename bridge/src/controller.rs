@@ -4,7 +4,7 @@
 
 use crate::etcd::{self, EtcdConfig, Fence, Written};
 use crate::metrics::Metrics;
-use crate::reconcile::{Event, Op, Reconciler};
+use crate::reconcile::{Event, PlanCursor, Reconciler};
 use ccattler_parser::program::Program;
 use etcd_client::{Client, Compare, CompareOp, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeMap;
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 /// The key whose holder leads; created under the leader's lease.
 pub const LEADER_KEY: &str = "status/leader";
@@ -494,21 +494,24 @@ const IN_FLIGHT: usize = 8;
 /// several in flight. Each is fenced on its own and touches distinct keys, so
 /// their order does not matter; after a refusal no new one starts.
 async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_ops: usize, metrics: &Metrics) -> Result<WriteBack, etcd_client::Error> {
-    let t = Instant::now();
-    let ops = r.plan();
-    debug!(ops = ops.len(), seconds = t.elapsed().as_secs_f64(), "planned");
-    if ops.is_empty() {
+    // Planned a transaction at a time, while earlier ones are in flight.
+    let mut cursor = PlanCursor::default();
+    let first = r.plan_next(&mut cursor, max_ops);
+    if first.is_empty() {
         r.clean();
         metrics.settled.set(r.revision() as i64);
         return Ok(WriteBack::Idle);
     }
     let derived = r.revision();
-    let mut chunks = ops.chunks(max_ops).map(<[Op]>::to_vec);
+    let mut next = Some(first);
     let mut running = tokio::task::JoinSet::new();
     let (mut last, mut refused, mut failure) = (0u64, None::<u64>, None);
     loop {
         while refused.is_none() && failure.is_none() && running.len() < IN_FLIGHT {
-            let Some(chunk) = chunks.next() else { break };
+            let chunk = next.take().unwrap_or_else(|| r.plan_next(&mut cursor, max_ops));
+            if chunk.is_empty() {
+                break;
+            }
             let (mut c, f) = (client.clone(), fence.clone());
             running.spawn(async move {
                 let result = etcd::write(&mut c, &f, &chunk, derived).await;

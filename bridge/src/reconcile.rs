@@ -11,6 +11,7 @@ use ccattler_engine::{Engine, EngineError};
 use ccattler_parser::program::Program;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 use std::sync::Arc;
 
 /// Rejected input facts are recorded under this prefix (`status/rejected/<key>`).
@@ -52,6 +53,14 @@ impl Op {
             Op::Create { key, .. } | Op::Update { key, .. } | Op::Delete { key, .. } => key,
         }
     }
+}
+
+/// Where a plan made in chunks has got to ([`Reconciler::plan_next`]).
+#[derive(Clone, Debug, Default)]
+pub struct PlanCursor {
+    phase: u8,
+    /// The last key planned in this phase.
+    after: Option<String>,
 }
 
 pub struct Reconciler {
@@ -264,17 +273,6 @@ impl Reconciler {
         self.all_dirty = true;
     }
 
-    /// Every managed key once: derived, held, and the rejection and conflict
-    /// records there are.
-    fn all_keys(&self) -> impl Iterator<Item = Cow<'_, str>> {
-        let derived = self.outputs.resolved.keys().map(|k| Cow::Borrowed(k.as_str()));
-        let held = self.held.keys().filter(|k| !self.outputs.resolved.contains_key(*k)).map(|k| Cow::Borrowed(k.as_str()));
-        let rejected = self.inputs.rejected.keys().map(|k| format!("{REJECTED}{k}"));
-        let conflicts = self.outputs.conflicts.keys().map(|k| format!("{CONFLICT}{k}"));
-        let records = rejected.chain(conflicts).filter(|k| !self.held.contains_key(k) && !self.outputs.resolved.contains_key(k)).map(Cow::Owned);
-        derived.chain(held).chain(records)
-    }
-
     /// What a managed key should hold according to the rules.
     pub fn desired(&self, key: &str) -> Option<String> {
         self.desired_value(key).map(Cow::into_owned)
@@ -295,33 +293,84 @@ impl Reconciler {
 
     /// The writes that make etcd hold what the rules derive, for the dirty keys.
     pub fn plan(&self) -> Vec<Op> {
-        if self.all_dirty {
-            return self.plan_keys(self.all_keys());
-        }
-        self.plan_keys(self.dirty.iter().map(|k| Cow::Borrowed(k.as_str())))
+        self.plan_chunk(self.all_dirty, &mut PlanCursor::default(), usize::MAX)
     }
 
     /// The writes for every managed key, in key order (what `ccattler plan` shows).
     pub fn full_plan(&self) -> Vec<Op> {
-        let mut ops = self.plan_keys(self.all_keys());
+        let mut ops = self.plan_chunk(true, &mut PlanCursor::default(), usize::MAX);
         ops.sort_by(|a, b| a.key().cmp(b.key()));
         ops
     }
 
-    fn plan_keys<'a>(&self, keys: impl Iterator<Item = Cow<'a, str>>) -> Vec<Op> {
+    /// The next (at most) `max` writes of the plan, from where `cursor` got
+    /// to; empty when the plan is done. Between chunks the plan may be
+    /// executed ([`Reconciler::written`]): a write-back starts on its first
+    /// transaction without planning every key first.
+    pub fn plan_next(&self, cursor: &mut PlanCursor, max: usize) -> Vec<Op> {
+        self.plan_chunk(self.all_dirty, cursor, max)
+    }
+
+    /// Plans over the dirty keys, or over every managed key (`all`) in three
+    /// phases: derived keys, held keys not derived, rejection and conflict
+    /// records not held.
+    fn plan_chunk(&self, all: bool, cursor: &mut PlanCursor, max: usize) -> Vec<Op> {
         let mut ops = Vec::new();
-        for key in keys {
-            let held = self.held.get(key.as_ref());
-            // A conflicted output keeps whatever etcd holds.
-            let conflicted = self.outputs.conflicts.contains_key(key.as_ref());
-            match (self.desired_value(&key), held) {
-                (Some(v), None) => ops.push(Op::Create { key: key.into_owned(), value: v.into_owned() }),
-                (Some(v), Some(h)) if v != h.value => ops.push(Op::Update { key: key.into_owned(), value: v.into_owned(), mod_revision: h.mod_revision }),
-                (None, Some(h)) if !conflicted => ops.push(Op::Delete { key: key.into_owned(), mod_revision: h.mod_revision }),
-                _ => {}
+        while ops.len() < max {
+            let after = match &cursor.after {
+                Some(k) => Bound::Excluded(k.as_str()),
+                None => Bound::Unbounded,
+            };
+            let records: Vec<String>;
+            let keys: Box<dyn Iterator<Item = &str>> = match (all, cursor.phase) {
+                (false, 0) => Box::new(self.dirty.range::<str, _>((after, Bound::Unbounded)).map(String::as_str)),
+                (true, 0) => Box::new(self.outputs.resolved.range::<str, _>((after, Bound::Unbounded)).map(|(k, _)| k.as_str())),
+                (true, 1) => {
+                    Box::new(self.held.range::<str, _>((after, Bound::Unbounded)).map(|(k, _)| k.as_str()).filter(|k| !self.outputs.resolved.contains_key(*k)))
+                }
+                (true, 2) => {
+                    let rejected = self.inputs.rejected.keys().map(|k| format!("{REJECTED}{k}"));
+                    let conflicts = self.outputs.conflicts.keys().map(|k| format!("{CONFLICT}{k}"));
+                    let mut r: Vec<String> =
+                        rejected.chain(conflicts).filter(|k| !self.held.contains_key(k) && !self.outputs.resolved.contains_key(k)).collect();
+                    r.sort();
+                    records = r;
+                    Box::new(records.iter().map(String::as_str).filter(|k| cursor.after.as_deref().is_none_or(|a| *k > a)))
+                }
+                _ => break,
+            };
+            let mut stopped_at = None;
+            for key in keys {
+                if let Some(op) = self.op_for(key) {
+                    ops.push(op);
+                    if ops.len() == max {
+                        stopped_at = Some(key.to_string());
+                        break;
+                    }
+                }
+            }
+            match stopped_at {
+                Some(key) => cursor.after = Some(key),
+                None => {
+                    cursor.phase += 1;
+                    cursor.after = None;
+                }
             }
         }
         ops
+    }
+
+    /// The write a managed key needs, if any.
+    fn op_for(&self, key: &str) -> Option<Op> {
+        let held = self.held.get(key);
+        // A conflicted output keeps whatever etcd holds.
+        let conflicted = self.outputs.conflicts.contains_key(key);
+        match (self.desired_value(key), held) {
+            (Some(v), None) => Some(Op::Create { key: key.to_string(), value: v.into_owned() }),
+            (Some(v), Some(h)) if v != h.value => Some(Op::Update { key: key.to_string(), value: v.into_owned(), mod_revision: h.mod_revision }),
+            (None, Some(h)) if !conflicted => Some(Op::Delete { key: key.to_string(), mod_revision: h.mod_revision }),
+            _ => None,
+        }
     }
 
     /// Records writes that committed at `rev` (before their watch events come
@@ -411,6 +460,45 @@ mod tests {
         assert_eq!(r.revision(), 5, "revision 6 must still be applied from the watch");
         r.apply(6, &[put("intent/user/service/web/instances", "3", 6)]).unwrap();
         assert_eq!(r.desired("effective/service/web/instances").as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn a_plan_made_in_chunks_while_it_is_written_equals_the_whole_plan() {
+        let held = |v: &str, rev| Held { value: v.into(), mod_revision: rev, create_revision: rev };
+        let snapshot = vec![
+            ("intent/user/service/a/instances".to_string(), held("1", 2)),
+            ("intent/user/service/b/instances".to_string(), held("2", 2)),
+            ("intent/user/service/c/instances".to_string(), held("three", 2)),
+            // Derived: one stale, one nothing derives any more.
+            ("effective/service/b/instances".to_string(), held("1", 3)),
+            ("effective/service/gone/instances".to_string(), held("1", 3)),
+        ];
+        let mut whole = Reconciler::new(program(), 1).unwrap();
+        whole.rebase(9, snapshot.clone()).unwrap();
+        let expected = whole.full_plan();
+        assert_eq!(expected.len(), 4, "create a, update b, delete gone, record c's rejection: {expected:?}");
+        assert_eq!(whole.plan(), expected);
+        for all in [true, false] {
+            let mut r = Reconciler::new(program(), 1).unwrap();
+            r.rebase(9, snapshot.clone()).unwrap();
+            if !all {
+                // The same keys listed one by one instead of "everything".
+                r.all_dirty = false;
+                r.dirty = expected.iter().map(|op| op.key().to_string()).collect();
+            }
+            let (mut cursor, mut chunks) = (PlanCursor::default(), Vec::new());
+            loop {
+                let chunk = r.plan_next(&mut cursor, 1);
+                if chunk.is_empty() {
+                    break;
+                }
+                r.written(&chunk, 10 + chunks.len() as i64);
+                chunks.extend(chunk);
+            }
+            chunks.sort_by(|a, b| a.key().cmp(b.key()));
+            assert_eq!(chunks, expected, "all dirty: {all}");
+            assert!(r.plan().is_empty());
+        }
     }
 
     #[test]
