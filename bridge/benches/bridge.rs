@@ -78,7 +78,7 @@ fn main() {
         let settle = t.elapsed() - cold;
         let commit = committed - cold;
         println!(
-            "controller cold start (snapshot + evaluate, to its first write): {:.2} s = {:.1}x the snapshot read",
+            "controller cold start (snapshot + evaluate, to its first write): {:.2} s = {:.2}x the snapshot read",
             cold.as_secs_f64(),
             cold.as_secs_f64() / read.as_secs_f64()
         );
