@@ -502,6 +502,29 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_loaded_in_pages_equals_one_loaded_whole() {
+        let held = |v: &str| Held { value: v.into(), mod_revision: 2, create_revision: 2 };
+        let snapshot: Vec<(String, Held)> = ["a", "b", "c", "d"]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("intent/user/service/{s}/instances"), held(&(i + 1).to_string())))
+            .chain([("intent/autoscaler/service/a/instances".to_string(), held("7")), ("effective/service/d/instances".to_string(), held("4"))])
+            .collect();
+        let mut whole = Reconciler::new(program(), 1).unwrap();
+        whole.rebase(9, snapshot.clone()).unwrap();
+        let mut paged = Reconciler::new(program(), 2).unwrap();
+        for page in snapshot.chunks(2) {
+            paged.load_page(9, page.to_vec()).unwrap();
+        }
+        paged.finish_load(9).unwrap();
+        assert_eq!(paged.outputs.resolved, whole.outputs.resolved);
+        assert_eq!(paged.outputs.resolved["effective/service/a/instances"], "7");
+        assert_eq!(paged.plan(), whole.plan());
+        assert_eq!(paged.plan().len(), 3, "d is already right");
+        assert_eq!(paged.revision(), 9);
+    }
+
+    #[test]
     fn a_converged_snapshot_plans_nothing() {
         let mut r = Reconciler::new(program(), 1).unwrap();
         r.rebase(
