@@ -313,10 +313,20 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         // revision, and back off (50 ms doubling to 2 s) while refusals repeat.
         let mut wait_until: u64 = 0;
         let mut refusals: u32 = 0;
+        // Since when the write-back has waited for watch data already delivered.
+        let mut deferred: Option<Instant> = None;
         loop {
             held_lease = leader.as_ref().map(|l| (l.lease, l.fence.clone()));
             shared.metrics.leader.set(i64::from(leader.is_some()));
-            let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| r.revision() >= wait_until);
+            // Changes already delivered are applied before planning: a plan of
+            // a state known to be outdated writes keys the next plan changes
+            // again (a burst of intents arriving in several responses). For at
+            // most MAX_DEFER, so a steady stream of changes cannot starve it.
+            let behind = !watch.rx.is_empty() && deferred.get_or_insert_with(Instant::now).elapsed() < MAX_DEFER;
+            if !behind {
+                deferred = None;
+            }
+            let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| r.revision() >= wait_until && !behind);
             if let Some(fence) = fence {
                 match write_back(&mut client, r, &fence, max_ops, &shared.metrics).await {
                     Ok(WriteBack::Idle) => refusals = 0,
@@ -486,6 +496,9 @@ enum WriteBack {
     Committed(u64),
     Refused(u64),
 }
+
+/// How long a write-back may wait for watch data already delivered.
+const MAX_DEFER: Duration = Duration::from_secs(1);
 
 /// Transactions in flight at once during write-back.
 const IN_FLIGHT: usize = 8;
