@@ -246,12 +246,15 @@ pub fn consolidate(mut changes: Vec<Change>) -> Vec<Change> {
     out
 }
 
+/// Output rows (relation, `[rule, col…]`, time, diff) a worker has seen and not yet reported.
+type OutputBuffer = RefCell<Vec<(RelId, Row, u64, isize)>>;
+
 /// Steps a worker takes on staged changes before it looks for more.
 const STAGE_STEPS: usize = 32;
 
 fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiver<Cmd>, tx: Sender<Report>) {
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
-    let outputs: Rc<RefCell<Vec<(RelId, Row, u64, isize)>>> = Rc::new(RefCell::new(Vec::new()));
+    let outputs: Rc<OutputBuffer> = Rc::new(RefCell::new(Vec::new()));
     let probe = Probe::new();
     let (mut unit_input, mut inputs, mut traces) = worker.dataflow::<u64, _, _>(|scope| {
         let (unit_input, unit) = scope.new_collection::<Row, isize>();
@@ -340,7 +343,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                 }
                 // Output rows go out in parts as they come, so the caller
                 // can take them in while the evaluation goes on.
-                let send_part = |outputs: &RefCell<Vec<(RelId, Row, u64, isize)>>| {
+                let send_part = |outputs: &OutputBuffer| {
                     let part: Vec<Change> = outputs
                         .borrow_mut()
                         .drain(..)
