@@ -441,6 +441,9 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     }
 }
 
+/// Keys in a snapshot's first page (later pages are sized by bytes).
+const FIRST_PAGE: i64 = 5000;
+
 /// Reads a snapshot of everything the rules read and write, at one revision,
 /// into `r`. A fresh reconciler loads it page by page as the pages arrive, so
 /// decoding and the engine's work overlap the read (a cold start pays little
@@ -448,29 +451,24 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
 /// snapshot (after a compaction or reconnect). The outer error is the
 /// engine's (fatal), the inner one etcd's (retry).
 async fn load_snapshot(mut client: Client, program: &Program, r: &mut Reconciler) -> Result<Result<(Client, i64, usize), etcd_client::Error>, ControllerError> {
-    let rev = match etcd::current_revision(&mut client).await {
-        Ok(rev) => rev,
-        Err(e) => return Ok(Err(e)),
-    };
     let prefixes = prefixes(program);
     if !r.is_fresh() {
-        let mut snap = Vec::new();
-        let read = etcd::read_pages(&mut client, &prefixes, 5000, rev, |page| {
-            snap.extend(page);
-            true
-        })
-        .await;
-        if let Err(e) = read {
-            return Ok(Err(e));
-        }
+        let (rev, snap) = match etcd::snapshot(&mut client, &prefixes, FIRST_PAGE).await {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
         let keys = snap.len();
         tokio::task::block_in_place(|| r.rebase(rev as u64, snap))?;
         return Ok(Ok((client, rev, keys)));
     }
+    let rev = match etcd::current_revision(&mut client).await {
+        Ok(rev) => rev,
+        Err(e) => return Ok(Err(e)),
+    };
     // The pages are read on a task of their own while this one loads them.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut reader = client.clone();
-    let read = tokio::spawn(async move { etcd::read_pages(&mut reader, &prefixes, 5000, rev, |page| tx.send(page).is_ok()).await });
+    let read = tokio::spawn(async move { etcd::read_pages(&mut reader, &prefixes, FIRST_PAGE, rev, |page| tx.send(page).is_ok()).await });
     let (t, mut keys) = (Instant::now(), 0);
     tokio::task::block_in_place(|| {
         while let Some(page) = rx.blocking_recv() {

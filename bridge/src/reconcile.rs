@@ -73,7 +73,8 @@ pub struct Reconciler {
     /// Keys whose derived or held value may differ.
     dirty: BTreeSet<String>,
     /// Every managed key may differ (a fresh start, a takeover): cheaper
-    /// than listing them all in `dirty`.
+    /// than listing them all in `dirty`, and nothing is added to `dirty`
+    /// while it holds.
     all_dirty: bool,
     /// The etcd revision the state reflects.
     revision: u64,
@@ -165,6 +166,8 @@ impl Reconciler {
     /// before that, the reconciler holds part of a snapshot: drop it.
     pub fn load_page(&mut self, rev: u64, page: Vec<(String, Held)>) -> Result<(), EngineError> {
         debug_assert_eq!(self.time, 0, "only a fresh reconciler loads pages");
+        // Everything will be planned: no key needs listing as it is recorded.
+        self.all_dirty = true;
         let events: Vec<Event> = page.into_iter().map(|(key, h)| Event { key, value: Some(h) }).collect();
         let changes = self.record(&events);
         self.engine.stage(rev, changes)
@@ -174,7 +177,7 @@ impl Reconciler {
     /// evaluates it, and every derived, held or rejected key is to be planned.
     pub fn finish_load(&mut self, rev: u64) -> Result<(), EngineError> {
         self.time = rev;
-        self.all_dirty = true;
+        self.all_dirty = true; // also when there was no page
         self.evaluate(rev, Vec::new())?;
         self.revision = rev;
         Ok(())
@@ -225,7 +228,7 @@ impl Reconciler {
                 Some(h) => self.inputs.put(&self.program, &e.key, &h.value, h.mod_revision as u64, &mut changes),
                 None => self.inputs.delete(&self.program, &e.key, &mut changes),
             }
-            if was_rejected || self.inputs.rejected.contains_key(&e.key) {
+            if !self.all_dirty && (was_rejected || self.inputs.rejected.contains_key(&e.key)) {
                 self.dirty.insert(format!("{REJECTED}{}", e.key));
             }
             if self.is_managed_key(&e.key) {
@@ -233,7 +236,9 @@ impl Reconciler {
                     Some(h) => self.held.insert(e.key.clone(), h.clone()),
                     None => self.held.remove(&e.key),
                 };
-                self.dirty.insert(e.key.clone());
+                if !self.all_dirty {
+                    self.dirty.insert(e.key.clone());
+                }
             }
         }
         changes

@@ -133,7 +133,7 @@ impl Engine {
     pub fn apply_streaming(&mut self, batches: Vec<(u64, Vec<Change>)>, mut part: impl FnMut(Vec<Change>)) -> Result<(), EngineError> {
         let Some(&(rev, _)) = batches.last() else { return Ok(()) };
         // Revisions increase; the first may be the staged one, still open.
-        let mut prev = self.last_rev.max(self.staged.unwrap_or(0));
+        let mut prev = self.latest();
         for (i, (r, _)) in batches.iter().enumerate() {
             let open = i == 0 && self.staged == Some(*r);
             if *r <= prev && !open {
@@ -142,16 +142,11 @@ impl Engine {
             prev = *r;
         }
         self.check(batches.iter().flat_map(|(_, c)| c))?;
-        // Worker 0 feeds the inputs; the others only advance time.
         let empty: Vec<(u64, Vec<Change>)> = batches.iter().map(|(r, _)| (*r, Vec::new())).collect();
-        let mut batches = Some(batches);
-        for s in &self.senders {
-            let b = batches.take().unwrap_or_else(|| empty.clone());
-            s.send(Cmd::Apply { batches: b }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
-        }
+        self.send_split(Cmd::Apply { batches }, || Cmd::Apply { batches: empty.clone() })?;
         let mut running = self.senders.len();
         while running > 0 {
-            match self.reports.recv().map_err(|_| EngineError::Stopped("worker gone".into()))? {
+            match self.reports.recv().map_err(gone)? {
                 Report::Part(diffs) => part(diffs),
                 Report::Done { rev: done } => {
                     debug_assert_eq!(done, rev);
@@ -172,15 +167,26 @@ impl Engine {
     /// overlaps the engine's work with the read.
     pub fn stage(&mut self, rev: u64, changes: Vec<Change>) -> Result<(), EngineError> {
         if rev <= self.last_rev || self.staged.is_some_and(|s| rev < s) {
-            return Err(EngineError::RevisionOrder { rev, last: self.last_rev.max(self.staged.unwrap_or(0)) });
+            return Err(EngineError::RevisionOrder { rev, last: self.latest() });
         }
         self.check(&changes)?;
-        let mut changes = Some(changes);
-        for s in &self.senders {
-            let c = changes.take().unwrap_or_default();
-            s.send(Cmd::Stage { at: rev, changes: c }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
-        }
+        self.send_split(Cmd::Stage { at: rev, changes }, || Cmd::Stage { at: rev, changes: Vec::new() })?;
         self.staged = Some(rev);
+        Ok(())
+    }
+
+    /// The revision staged at (still open), or else the last one applied.
+    fn latest(&self) -> u64 {
+        self.staged.unwrap_or(self.last_rev)
+    }
+
+    /// Sends `first` to worker 0, which feeds the inputs, and `rest()` to
+    /// every other worker (which only steps along).
+    fn send_split(&self, first: Cmd, rest: impl Fn() -> Cmd) -> Result<(), EngineError> {
+        let mut first = Some(first);
+        for s in &self.senders {
+            s.send(first.take().unwrap_or_else(&rest)).map_err(gone)?;
+        }
         Ok(())
     }
 
@@ -203,7 +209,7 @@ impl Engine {
     pub fn query(&self, rel: RelId) -> Result<Vec<Row>, EngineError> {
         let (tx, rx) = channel();
         for s in &self.senders {
-            s.send(Cmd::Query { rel, reply: tx.clone() }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
+            s.send(Cmd::Query { rel, reply: tx.clone() }).map_err(gone)?;
         }
         drop(tx);
         let mut rows: Vec<Row> = rx.iter().flatten().collect();
@@ -216,7 +222,7 @@ impl Engine {
     pub fn lookup(&self, rel: RelId, prefix: &[Value]) -> Result<Vec<Row>, EngineError> {
         let (tx, rx) = channel();
         for s in &self.senders {
-            s.send(Cmd::Lookup { rel, prefix: prefix.to_vec(), reply: tx.clone() }).map_err(|_| EngineError::Stopped("worker gone".into()))?;
+            s.send(Cmd::Lookup { rel, prefix: prefix.to_vec(), reply: tx.clone() }).map_err(gone)?;
         }
         drop(tx);
         Ok(rx.iter().flatten().collect())
@@ -230,6 +236,11 @@ impl Drop for Engine {
             drop(g); // joins the worker threads
         }
     }
+}
+
+/// A worker's channel closed: it stopped.
+fn gone<E>(_: E) -> EngineError {
+    EngineError::Stopped("worker gone".into())
 }
 
 /// Sums diffs per (relation, row), drops zeros, sorts.
@@ -303,11 +314,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
         };
         match cmd {
             Cmd::Stage { at, changes } => {
-                for (rel, row, d) in changes {
-                    if let Some(input) = inputs.get_mut(&rel) {
-                        input.update_at(row, at, d);
-                    }
-                }
+                feed(&mut inputs, at, changes);
                 for input in inputs.values_mut() {
                     input.flush();
                 }
@@ -329,11 +336,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
             Cmd::Apply { batches } => {
                 let Some(&(rev, _)) = batches.last() else { continue };
                 for (at, changes) in batches {
-                    for (rel, row, d) in changes {
-                        if let Some(input) = inputs.get_mut(&rel) {
-                            input.update_at(row, at, d);
-                        }
-                    }
+                    feed(&mut inputs, at, changes);
                 }
                 unit_input.advance_to(rev + 1);
                 unit_input.flush();
@@ -377,6 +380,15 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                 let rows = traces.get_mut(&rel).map(|t| read_trace(t, &prefix)).unwrap_or_default();
                 let _ = reply.send(rows);
             }
+        }
+    }
+}
+
+/// Enters changes into the input sessions at time `at` (not yet flushed).
+fn feed(inputs: &mut BTreeMap<RelId, InputSession<u64, Row, isize>>, at: u64, changes: Vec<Change>) {
+    for (rel, row, d) in changes {
+        if let Some(input) = inputs.get_mut(&rel) {
+            input.update_at(row, at, d);
         }
     }
 }
