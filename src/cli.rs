@@ -26,6 +26,13 @@ struct EtcdArgs {
     etcd_user: Option<String>,
     #[arg(long, env = "CCATTLER_ETCD_PASSWORD", hide_env_values = true)]
     etcd_password: Option<String>,
+    /// A credentials file (`NAME:PASSWORD` lines, mode 0600, written by
+    /// `ccattler auth`): connect as the user named by --as.
+    #[arg(long, env = "CCATTLER_CREDENTIALS", conflicts_with_all = ["etcd_user", "etcd_password"])]
+    credentials: Option<PathBuf>,
+    /// The user of --credentials to connect as (root, controller, user, autoscaler, agent-NODE).
+    #[arg(long = "as", env = "CCATTLER_AS", requires = "credentials")]
+    as_user: Option<String>,
     /// PEM file of the CA that signed etcd's certificate (for https:// endpoints).
     #[arg(long, env = "CCATTLER_ETCD_CA")]
     etcd_ca: Option<PathBuf>,
@@ -37,23 +44,35 @@ struct EtcdArgs {
 }
 
 impl EtcdArgs {
-    fn config(&self) -> anyhow::Result<ccattler_bridge::etcd::EtcdConfig> {
-        let user = match (&self.etcd_user, &self.etcd_password) {
-            (Some(u), Some(p)) => Some((u.clone(), p.clone())),
-            (None, None) => None,
+    fn config(&self) -> anyhow::Result<ccattler_store::EtcdConfig> {
+        self.config_as(None)
+    }
+
+    /// The connection, as `default_user` of --credentials when --as is not given.
+    fn config_as(&self, default_user: Option<&str>) -> anyhow::Result<ccattler_store::EtcdConfig> {
+        let user = match (&self.etcd_user, &self.etcd_password, &self.credentials) {
+            (Some(u), Some(p), _) => Some((u.clone(), p.clone())),
+            (None, None, None) => None,
+            (None, None, Some(file)) => {
+                let Some(name) = self.as_user.as_deref().or(default_user) else {
+                    anyhow::bail!("--credentials {} needs --as NAME (the user to connect as)", file.display())
+                };
+                let password = ccattler_store::credentials::password(file, name)?;
+                Some((name.to_string(), password.to_string()))
+            }
             _ => anyhow::bail!("--etcd-user and --etcd-password go together"),
         };
         if self.etcd_cert.is_some() != self.etcd_key.is_some() {
             anyhow::bail!("--etcd-cert and --etcd-key go together");
         }
-        let files = (self.etcd_ca.is_some() || self.etcd_cert.is_some()).then(|| ccattler_bridge::etcd::TlsFiles {
+        let files = (self.etcd_ca.is_some() || self.etcd_cert.is_some()).then(|| ccattler_store::etcd::TlsFiles {
             ca: self.etcd_ca.clone(),
             cert: self.etcd_cert.clone(),
             key: self.etcd_key.clone(),
         });
         // A missing or unreadable file is named now, not at connect time.
         let tls = files.map(|f| f.options()).transpose()?;
-        Ok(ccattler_bridge::etcd::EtcdConfig { endpoints: self.etcd.clone(), user, tls })
+        Ok(ccattler_store::EtcdConfig { endpoints: self.etcd.clone(), user, tls })
     }
 }
 
@@ -96,8 +115,22 @@ enum Command {
         /// Leader lease TTL in seconds: a standby takes over within it.
         #[arg(long, default_value_t = 10)]
         leader_ttl: i64,
+        /// The cluster's secret key file (mode 0600): secret values are
+        /// re-sealed to the nodes whose instances are granted them.
+        #[arg(long, env = "CCATTLER_SECRET_KEY")]
+        secret_key: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
+    },
+    /// etcd users and roles (DESIGN §6): bootstrap, add-node, remove-node, rotate.
+    Auth {
+        #[command(subcommand)]
+        action: AuthAction,
+    },
+    /// Secret values, sealed with the cluster key: set (value from stdin), rm, reseal.
+    Secret {
+        #[command(subcommand)]
+        action: SecretAction,
     },
     /// The node agent: lease, observed facts, runs placed instances, probes them.
     Agent {
@@ -229,6 +262,71 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum AuthAction {
+    /// Against an etcd without auth: users root, controller, user and
+    /// autoscaler with their roles; their passwords appended to --credentials
+    /// (0600, never printed); the cluster's secret key created if absent; auth enabled.
+    Bootstrap {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// The cluster's secret key file to create if it does not exist (mode 0600).
+        #[arg(long, env = "CCATTLER_SECRET_KEY")]
+        secret_key: Option<PathBuf>,
+    },
+    /// Node NAME's agent user and role `agent-NAME`, confined to its own
+    /// prefixes; its password appended to --credentials. Runs as root.
+    AddNode {
+        node: String,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// Deletes node NAME's agent user and role: its agent can no longer
+    /// read or write anything. Runs as root.
+    RemoveNode {
+        node: String,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// A new password for USER, appended to --credentials; the old one stops
+    /// working at once. Runs as root.
+    Rotate {
+        user: String,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum SecretAction {
+    /// Reads the value from stdin (exact bytes; never from the command line),
+    /// seals it with the cluster key into `secret/value/NAME` and records
+    /// `desired/secret/NAME` (that it exists), in one transaction.
+    Set {
+        name: String,
+        #[arg(long, env = "CCATTLER_SECRET_KEY")]
+        secret_key: PathBuf,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// Deletes `secret/value/NAME` and `desired/secret/NAME`; the controller
+    /// deletes the copies sealed to nodes.
+    Rm {
+        name: String,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// Seals every value again with the first key of --secret-key (after a
+    /// new key was put first in the file). Reads `secret/value/`: runs as
+    /// the controller or root.
+    Reseal {
+        #[arg(long, env = "CCATTLER_SECRET_KEY")]
+        secret_key: PathBuf,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+}
+
 /// Exit codes: 0 ok, 1 the input is wrong (diagnostics), 2 usage or I/O error.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -240,7 +338,7 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Check { paths, format } => check(paths, format),
-        Command::Controller { etcd, rules, listen, id, workers, max_txn_ops, leader_ttl, log_format } => {
+        Command::Controller { etcd, rules, listen, id, workers, max_txn_ops, leader_ttl, secret_key, log_format } => {
             init_logging(log_format);
             let id = id.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
             let cfg = ccattler_bridge::controller::ControllerConfig {
@@ -254,6 +352,7 @@ pub fn main() -> ExitCode {
                 leader_ttl,
                 id,
                 listen: Some(listen),
+                secret_key,
             };
             controller(cfg)
         }
@@ -277,6 +376,8 @@ pub fn main() -> ExitCode {
             agent(cfg)
         }
         Command::ServeHttp { instance } => serve_http(instance),
+        Command::Auth { action } => auth(action),
+        Command::Secret { action } => secret(action),
         Command::Plan { etcd, rules } => plan(&etcd, &rules),
         Command::Apply { file, writer, etcd } => apply(&file, &writer, &etcd),
         Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
@@ -635,7 +736,7 @@ fn apply(file: &std::path::Path, writer: &str, etcd: &EtcdArgs) -> anyhow::Resul
     }
     let cfg = etcd.config()?;
     let revision = runtime()?.block_on(async {
-        let mut client = ccattler_bridge::etcd::connect(&cfg).await?;
+        let mut client = ccattler_store::etcd::connect(&cfg).await?;
         let mut last = 0;
         // 128 keys a transaction (etcd's default --max-txn-ops).
         for chunk in facts.chunks(128) {
@@ -652,9 +753,26 @@ fn apply(file: &std::path::Path, writer: &str, etcd: &EtcdArgs) -> anyhow::Resul
 fn get(prefix: &str, etcd: &EtcdArgs, format: Format) -> anyhow::Result<ExitCode> {
     let cfg = etcd.config()?;
     let (rev, kvs) = runtime()?.block_on(async {
-        let mut client = ccattler_bridge::etcd::connect(&cfg).await?;
-        let prefixes = [prefix.to_string()];
-        anyhow::Ok(ccattler_bridge::etcd::snapshot(&mut client, &prefixes, 10_000).await?)
+        let mut client = ccattler_store::etcd::connect(&cfg).await?;
+        let whole = [prefix.to_string()];
+        match ccattler_store::etcd::snapshot(&mut client, &whole, 10_000).await {
+            // Everything, as a user who may not read all of it (`user`
+            // reads all but `secret/`): the namespaces it may read, at one
+            // revision.
+            Err(e) if prefix.is_empty() && ccattler_store::auth::is_permission_denied(&e) => {
+                let rev = ccattler_store::etcd::current_revision(&mut client).await?;
+                let mut all = Vec::new();
+                for ns in ccattler_store::auth::PUBLIC_NAMESPACES.iter().chain(["secret/"].iter()) {
+                    match ccattler_store::etcd::snapshot_at(&mut client, &[ns.to_string()], 10_000, Some(rev)).await {
+                        Ok((_, kvs)) => all.extend(kvs),
+                        Err(e) if ccattler_store::auth::is_permission_denied(&e) => eprintln!("# {ns}: not readable as this user"),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                anyhow::Ok((rev, all))
+            }
+            other => anyhow::Ok(other?),
+        }
     })?;
     match format {
         Format::Text => {
@@ -666,6 +784,167 @@ fn get(prefix: &str, etcd: &EtcdArgs, format: Format) -> anyhow::Result<ExitCode
             let facts: serde_json::Map<String, serde_json::Value> =
                 kvs.iter().map(|(k, h)| (k.clone(), serde_json::json!({ "value": h.value, "mod_revision": h.mod_revision }))).collect();
             println!("{}", serde_json::json!({ "revision": rev, "facts": facts }));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The credentials file an `auth` command writes to.
+fn credentials_file(etcd: &EtcdArgs) -> anyhow::Result<&std::path::Path> {
+    etcd.credentials.as_deref().ok_or_else(|| anyhow::anyhow!("auth commands need --credentials FILE (the 0600 file passwords go to)"))
+}
+
+fn auth(action: AuthAction) -> anyhow::Result<ExitCode> {
+    use ccattler_store::auth;
+    let rt = runtime()?;
+    match action {
+        AuthAction::Bootstrap { etcd, secret_key } => {
+            let file = credentials_file(&etcd)?;
+            // Bootstrap talks to an etcd without auth: no user.
+            let cfg = no_user(&etcd)?;
+            if let Some(path) = &secret_key {
+                if !path.exists() {
+                    ccattler_store::seal::ClusterKeys::create(path)?;
+                    eprintln!("created the cluster secret key {} (mode 0600)", path.display());
+                }
+            }
+            let users = rt.block_on(async {
+                let mut client = ccattler_store::etcd::connect(&cfg).await?;
+                anyhow::Ok(auth::bootstrap(&mut client, file).await?)
+            })?;
+            eprintln!("created users {} (passwords in {}); auth is enabled", users.join(", "), file.display());
+        }
+        AuthAction::AddNode { node, etcd } => {
+            let file = credentials_file(&etcd)?.to_path_buf();
+            let cfg = etcd.config_as(Some(auth::ROOT))?;
+            let user = rt.block_on(async {
+                let mut client = ccattler_store::etcd::connect(&cfg).await?;
+                anyhow::Ok(auth::add_node(&mut client, &node, &file).await?)
+            })?;
+            eprintln!("created user {user}, confined to node {node}'s prefixes (password in {})", file.display());
+        }
+        AuthAction::RemoveNode { node, etcd } => {
+            let cfg = etcd.config_as(Some(auth::ROOT))?;
+            let user = rt.block_on(async {
+                let mut client = ccattler_store::etcd::connect(&cfg).await?;
+                anyhow::Ok(auth::remove_node(&mut client, &node).await?)
+            })?;
+            eprintln!("deleted user and role {user}");
+        }
+        AuthAction::Rotate { user, etcd } => {
+            let file = credentials_file(&etcd)?.to_path_buf();
+            let cfg = etcd.config_as(Some(auth::ROOT))?;
+            rt.block_on(async {
+                let mut client = ccattler_store::etcd::connect(&cfg).await?;
+                anyhow::Ok(auth::rotate(&mut client, &user, &file).await?)
+            })?;
+            eprintln!("new password for {user} appended to {}", file.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The connection without any user (TLS and endpoints only).
+fn no_user(etcd: &EtcdArgs) -> anyhow::Result<ccattler_store::EtcdConfig> {
+    let mut plain = etcd.clone();
+    plain.credentials = None;
+    plain.as_user = None;
+    plain.etcd_user = None;
+    plain.etcd_password = None;
+    plain.config()
+}
+
+fn secret(action: SecretAction) -> anyhow::Result<ExitCode> {
+    use ccattler_store::seal::ClusterKeys;
+    use etcd_client::{Txn, TxnOp};
+    let check_name = |name: &str| {
+        if ccattler_parser::pattern::is_valid_name(name) {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!("secret name {name:?} is not a name ([a-z0-9]([a-z0-9._-]*[a-z0-9])?, at most 63 characters)"))
+        }
+    };
+    let rt = runtime()?;
+    match action {
+        SecretAction::Set { name, secret_key, etcd } => {
+            if let Err(e) = check_name(&name) {
+                return Ok(usage_error(e));
+            }
+            let keys = ClusterKeys::load(&secret_key)?;
+            let mut value = zeroize::Zeroizing::new(Vec::new());
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut value).map_err(|e| anyhow::anyhow!("reading the value from stdin: {e}"))?;
+            let sealed = match keys.seal(&name, &value) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {e}; nothing written");
+                    return Ok(ExitCode::from(1));
+                }
+            };
+            let cfg = etcd.config()?;
+            let rev = rt.block_on(async {
+                let mut client = ccattler_store::etcd::connect(&cfg).await?;
+                let txn = Txn::new().and_then([
+                    TxnOp::put(format!("{}{name}", ccattler_store::layout::SECRET_VALUE), sealed, None),
+                    TxnOp::put(format!("desired/secret/{name}"), "", None),
+                ]);
+                let resp = client.txn(txn).await?;
+                anyhow::Ok(resp.header().map_or(0, |h| h.revision()))
+            })?;
+            eprintln!("secret {name} sealed with key {} and stored at revision {rev}", keys.current_id());
+        }
+        SecretAction::Rm { name, etcd } => {
+            if let Err(e) = check_name(&name) {
+                return Ok(usage_error(e));
+            }
+            let cfg = etcd.config()?;
+            rt.block_on(async {
+                let mut client = ccattler_store::etcd::connect(&cfg).await?;
+                let txn = Txn::new().and_then([
+                    TxnOp::delete(format!("{}{name}", ccattler_store::layout::SECRET_VALUE), None),
+                    TxnOp::delete(format!("desired/secret/{name}"), None),
+                ]);
+                client.txn(txn).await?;
+                anyhow::Ok(())
+            })?;
+            eprintln!("secret {name} removed");
+        }
+        SecretAction::Reseal { secret_key, etcd } => {
+            let keys = ClusterKeys::load(&secret_key)?;
+            let cfg = etcd.config()?;
+            let (done, failed) = rt.block_on(async {
+                let mut client = ccattler_store::etcd::connect(&cfg).await?;
+                let prefix = [ccattler_store::layout::SECRET_VALUE.to_string()];
+                let (_, values) = ccattler_store::etcd::snapshot(&mut client, &prefix, 1000).await?;
+                let (mut done, mut failed) = (0, 0);
+                for (key, held) in values {
+                    let Some(name) = ccattler_store::layout::secret_value_name(&key) else { continue };
+                    if ClusterKeys::sealed_with(&held.value) == Some(keys.current_id()) {
+                        continue;
+                    }
+                    let resealed = keys.open(name, &held.value).and_then(|plain| keys.seal(name, &plain));
+                    let sealed = match resealed {
+                        Ok(s) => s,
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            failed += 1;
+                            continue;
+                        }
+                    };
+                    // Only if nobody changed it meanwhile.
+                    let cmp = etcd_client::Compare::mod_revision(key.as_str(), etcd_client::CompareOp::Equal, held.mod_revision);
+                    if client.txn(Txn::new().when([cmp]).and_then([TxnOp::put(key.as_str(), sealed, None)])).await?.succeeded() {
+                        done += 1;
+                    } else {
+                        eprintln!("error: {key} changed while being resealed; run reseal again");
+                        failed += 1;
+                    }
+                }
+                anyhow::Ok((done, failed))
+            })?;
+            eprintln!("{done} secret(s) sealed again with key {}; {failed} failed", keys.current_id());
+            if failed > 0 {
+                return Ok(ExitCode::from(1));
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

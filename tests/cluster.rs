@@ -1,6 +1,7 @@
-//! The live cluster: the real etcd from `scripts/test`, a real controller,
-//! three real `ccattler agent` processes (lease TTL 3 s), and real instance
-//! processes (`builtin:http`) answering real HTTP.
+//! The live cluster: the real etcd from `scripts/test` with auth on, a real
+//! controller, three real `ccattler agent` processes (lease TTL 3 s), each
+//! with its own etcd user, and real instance processes (`builtin:http`)
+//! answering real HTTP.
 
 mod common;
 use common::*;
@@ -27,11 +28,18 @@ struct Agent {
 
 impl Agent {
     fn start(root: &Path, n: usize, cpu: i64, memory: i64, labels: &[&str]) -> Agent {
-        Agent::start_on(&etcd_url(), root, n, cpu, memory, labels)
+        Agent::start_on(&etcd_url(), &credentials(), root, n, cpu, memory, labels)
     }
 
-    fn start_on(etcd: &str, root: &Path, n: usize, cpu: i64, memory: i64, labels: &[&str]) -> Agent {
+    /// As user `agent-node-N` of `creds`, created (as root) if it does not exist.
+    fn start_on(etcd: &str, creds: &Path, root: &Path, n: usize, cpu: i64, memory: i64, labels: &[&str]) -> Agent {
         let node = format!("node-{n}");
+        let add = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+            .args(["auth", "add-node", &node, "--etcd", etcd, "--credentials", creds.to_str().unwrap()])
+            .output()
+            .expect("auth add-node");
+        let err = String::from_utf8_lossy(&add.stderr);
+        assert!(add.status.success() || err.contains("already exists"), "auth add-node {node}: {err}");
         let address = format!("127.0.0.{}", 10 + n);
         let state_dir = root.join(&node);
         let mut args: Vec<String> = ["agent", "--node", &node, "--address", &address, "--ttl", &TTL.to_string(), "--grace", "2", "--resync", "1"]
@@ -40,6 +48,7 @@ impl Agent {
             .collect();
         args.extend(["--cpu".into(), cpu.to_string(), "--memory".into(), memory.to_string()]);
         args.extend(["--state-dir".into(), state_dir.display().to_string(), "--etcd".into(), etcd.to_string()]);
+        args.extend(["--credentials".into(), creds.display().to_string(), "--as".into(), format!("agent-{node}")]);
         for l in labels {
             args.extend(["--label".into(), l.to_string()]);
         }
@@ -118,6 +127,20 @@ fn http_get(address: &str) -> Option<String> {
     let (head, body) = resp.split_once("\r\n\r\n")?;
     let status = head.split(' ').nth(1)?;
     (status == "200").then(|| body.to_string())
+}
+
+/// `ccattler secret set NAME` as the user, the value on stdin.
+fn set_secret(name: &str, value: &str) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["secret", "set", name, "--secret-key", secret_key().to_str().unwrap(), "--etcd", &etcd_url()])
+        .args(["--credentials", credentials().to_str().unwrap(), "--as", "user"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(value.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "secret set: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 async fn endpoints(etcd: &mut Client, service: &str) -> BTreeMap<String, String> {
@@ -233,7 +256,7 @@ async fn scale_0_6_2_then_kill_9_a_node_and_its_instances_move_without_overcommi
         }
     })
     .await;
-    let gone = keys(&mut etcd, "observed/instance/web-2/").await;
+    let gone = keys(&mut etcd, "observed/node/").await.into_iter().filter(|(k, _)| k.contains("/instance/web-2/")).collect::<Vec<_>>();
     assert!(gone.is_empty(), "a stopped instance's observed facts go: {gone:?}");
 
     // kill -9 the node running web-0: it moves within TTL + 2 s and serves again.
@@ -301,8 +324,6 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
             ("desired/service/db/image", "builtin:http"),
             ("desired/service/db/selector/zone", "b"),
             ("desired/config/db/LOG_LEVEL", "debug"),
-            ("desired/secret/db-pass", ""),
-            ("secret/db-pass", "s3cret"),
             ("desired/secret_grant/db/db-pass", ""),
             ("desired/volume/data/size", "1"),
             ("desired/volume/data/persistent", "true"),
@@ -315,6 +336,7 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
         ],
     )
     .await;
+    set_secret("db-pass", "s3cret");
     wait_for("db's two endpoints", T, || {
         let mut e = etcd.clone();
         async move { endpoints(&mut e, "db").await.len() == 2 }
@@ -333,16 +355,16 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
     assert_eq!(env["VOLUME_DATA_MOUNT"], "/var/lib/db");
     assert!(Path::new(&env["VOLUME_DATA"]).is_dir());
     assert!(env["VOLUME_DATA"].starts_with(root.join("node-3").to_str().unwrap()));
-    let port = get(&mut etcd, "observed/instance/db-0/port").await.unwrap();
+    let port = get(&mut etcd, "observed/node/node-3/instance/db-0/port").await.unwrap();
     assert_eq!(env["PORT"], port);
-    assert_eq!(get(&mut etcd, "observed/volume/data/node").await.as_deref(), Some("node-3"));
+    assert_eq!(get(&mut etcd, "observed/node/node-3/volume/data/size").await.as_deref(), Some("1"));
     assert_eq!(get(&mut etcd, "effective/volume/data/node").await.as_deref(), Some("node-3"));
 
     wait_for("gated runs but is unhealthy", T, || {
         let mut e = etcd.clone();
         async move {
-            get(&mut e, "observed/instance/gated-0/state").await.as_deref() == Some("running")
-                && get(&mut e, "observed/probe_state/gated-0/readiness").await.as_deref() == Some("unhealthy")
+            get(&mut e, "effective/instance/gated-0/state").await.as_deref() == Some("running")
+                && get(&mut e, "effective/instance/gated-0/health").await.as_deref() == Some("unhealthy")
         }
     })
     .await;
@@ -382,7 +404,7 @@ async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_inst
         let log = agent.log.clone();
         async move {
             std::fs::read_to_string(&log).unwrap_or_default().matches("registered with etcd").count() == 2
-                && get(&mut e, "observed/instance/app-0/state").await.as_deref() == Some("running")
+                && get(&mut e, "observed/node/node-1/instance/app-0/state").await.as_deref() == Some("running")
         }
     })
     .await;
@@ -397,8 +419,8 @@ async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_inst
         async move {
             let p = processes_of("app");
             p.get("app-1").is_some_and(|v| v.len() == 1 && v[0] != pid)
-                && get(&mut e, "observed/instance/app-1/restarts").await.as_deref() == Some("1")
-                && get(&mut e, "observed/instance/app-1/state").await.as_deref() == Some("running")
+                && get(&mut e, "observed/node/node-1/instance/app-1/restarts").await.as_deref() == Some("1")
+                && get(&mut e, "observed/node/node-1/instance/app-1/state").await.as_deref() == Some("running")
         }
     })
     .await;
@@ -412,8 +434,8 @@ async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_inst
         let old = lease.clone();
         async move {
             get(&mut e, "observed/node/node-1/alive").await.is_some_and(|l| l != old)
-                && get(&mut e, "observed/instance/app-1/state").await.as_deref() == Some("running")
-                && get(&mut e, "observed/probe_state/app-1/readiness").await.is_none()
+                && get(&mut e, "observed/node/node-1/instance/app-1/state").await.as_deref() == Some("running")
+                && get(&mut e, "observed/node/node-1/probe_state/app-1/readiness").await.is_none()
                 && endpoints(&mut e, "app").await.len() == 2
         }
     })
@@ -424,7 +446,7 @@ async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_inst
     assert!(agent.terminate().success());
     assert!(processes_of("app").is_empty());
     assert_eq!(get(&mut etcd, "observed/node/node-1/alive").await, None);
-    assert!(keys(&mut etcd, "observed/instance/").await.is_empty());
+    assert!(keys(&mut etcd, "observed/node/node-1/instance/").await.is_empty());
     let left: BTreeSet<String> =
         std::fs::read_dir(root.join("node-1/instances")).unwrap().flatten().map(|d| d.file_name().to_string_lossy().into_owned()).collect();
     assert!(left.is_empty(), "instance dirs removed: {left:?}");
@@ -438,13 +460,13 @@ async fn instances_keep_running_while_etcd_is_down_and_the_agent_reconnects() {
     let etcd = PrivateEtcd::start(root.join("etcd"), free_port(), free_port());
     let mut client = etcd.client().await;
     // No controller: placements are written by hand, as the controller would.
-    let mut agent = Agent::start_on(&etcd.url(), &root, 1, 1000, 1000, &[]);
-    for (k, v) in [("effective/service/solo/image", "builtin:http"), ("placement/node/node-1/solo-0", "solo")] {
+    let mut agent = Agent::start_on(&etcd.url(), &etcd.credentials(), &root, 1, 1000, 1000, &[]);
+    for (k, v) in [("effective/node/node-1/instance/solo-0/image", "builtin:http"), ("placement/node/node-1/solo-0", "solo")] {
         client.put(k, v, None).await.unwrap();
     }
     wait_for("solo-0 runs", T, || {
         let mut e = client.clone();
-        async move { get(&mut e, "observed/instance/solo-0/state").await.as_deref() == Some("running") }
+        async move { get(&mut e, "observed/node/node-1/instance/solo-0/state").await.as_deref() == Some("running") }
     })
     .await;
     let before = processes_of("solo");
@@ -458,10 +480,11 @@ async fn instances_keep_running_while_etcd_is_down_and_the_agent_reconnects() {
     };
     let mut client = etcd.client().await;
     // A change made while the agent reconnects is acted on.
+    client.put("effective/node/node-1/instance/solo-1/image", "builtin:http", None).await.unwrap();
     client.put("placement/node/node-1/solo-1", "solo", None).await.unwrap();
     wait_for("reconnected; solo-1 runs too", T, || {
         let mut e = client.clone();
-        async move { get(&mut e, "observed/instance/solo-1/state").await.as_deref() == Some("running") }
+        async move { get(&mut e, "observed/node/node-1/instance/solo-1/state").await.as_deref() == Some("running") }
     })
     .await;
     assert_eq!(processes_of("solo")["solo-0"], before["solo-0"]);

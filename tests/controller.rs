@@ -1,12 +1,13 @@
 //! The controller as operators run it: real `ccattler controller` processes
-//! against the real etcd that `scripts/test` starts (CCATTLER_ETCD). The tests
-//! share that etcd, so they run one at a time and start from an empty store.
+//! against the real etcd that `scripts/test` starts (CCATTLER_ETCD), with
+//! auth on: the controller as user `controller`, the CLI as `user`, test
+//! setup as `root`. The tests share that etcd, so they run one at a time and
+//! start from an empty store.
 
 mod common;
 use common::*;
 use etcd_client::{Client, GetOptions};
 use std::io::{Read, Write};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,7 @@ async fn restart_on_a_converged_cluster_writes_nothing_and_hand_deleted_keys_com
         ("observed/node/node-1/cpu", "1000"),
         ("observed/node/node-1/memory", "1000"),
         ("observed/node/node-1/alive", "1"),
+        ("observed/node/node-1/heartbeat", "1"),
     ] {
         etcd.put(k, v, None).await.unwrap();
     }
@@ -60,8 +62,10 @@ async fn restart_on_a_converged_cluster_writes_nothing_and_hand_deleted_keys_com
     let before = revision(&mut etcd).await;
     let c = Controller::start("second", &shipped_rules());
     settled(&c, &mut etcd, T).await;
-    let after = revision(&mut etcd).await;
-    assert_eq!(after, before + 1, "only the new leader key may be written: {:?}", keys(&mut etcd, "").await);
+    // Only the new leader key and the clock it advances may be written.
+    let all = etcd.get("\0", Some(GetOptions::new().with_from_key())).await.unwrap();
+    let written: Vec<&str> = all.kvs().iter().filter(|kv| kv.mod_revision() > before).map(|kv| kv.key_str().unwrap()).collect();
+    assert!(written.iter().all(|k| ["status/leader", "status/clock"].contains(k)), "a restart rewrote {written:?}");
 
     etcd.delete("placement/node/node-1/web-0", None).await.unwrap();
     etcd.put("effective/service/web/instances", "99", None).await.unwrap();
@@ -180,7 +184,7 @@ async fn put_all(etcd: &mut Client, facts: &[(String, String)]) {
 fn cluster(nodes: usize, instances: usize) -> Vec<(String, String)> {
     let mut f = Vec::new();
     for n in 0..nodes {
-        for (k, v) in [("cpu", "100000"), ("memory", "100000"), ("alive", "1")] {
+        for (k, v) in [("cpu", "100000"), ("memory", "100000"), ("alive", "1"), ("heartbeat", "1")] {
             f.push((format!("observed/node/node-{n}/{k}"), v.to_string()));
         }
     }
@@ -247,16 +251,8 @@ async fn etcd_restart_is_survived_without_losing_a_change() {
     let mut client = etcd.client().await;
     client.put("intent/user/service/web/instances", "1", None).await.unwrap();
 
-    let port = free_port();
-    let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join("controller-restart.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_ccattler"))
-        .args(["controller", "--rules", shipped_rules().to_str().unwrap(), "--id", "r", "--leader-ttl", "2"])
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--etcd", &etcd.url()])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let c = Controller { child, port, log };
+    let c = Controller::start_on(&etcd.url(), &etcd.credentials(), &etcd.secret_key(), "r", &shipped_rules());
+    let port = c.port;
     wait_for("converged before the restart", T, || {
         let mut e = client.clone();
         async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("1") }
@@ -320,7 +316,13 @@ async fn compaction_while_the_watch_is_behind_resyncs_without_loss_or_rewrites()
     assert_eq!(kv.kvs()[0].version(), 2, "written once for 2, once for 3");
 }
 
+/// The CLI as the user.
 fn ccattler(args: &[&str]) -> std::process::Output {
+    ccattler_as("user", args)
+}
+
+/// The CLI with no credentials (an etcd without auth).
+fn ccattler_plain(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ccattler")).args(args).output().expect("run ccattler")
 }
 
@@ -350,31 +352,31 @@ async fn a_conflict_is_recorded_and_the_key_keeps_its_value() {
     std::fs::write(
         dir.join("c.rules"),
         "input v(s: name, n: int) from \"v/{s}\"\ninput bump(s: name) from \"bump/{s}\"\n\
-         output o(s: name, n: int) to \"o/{s}\"\n\
+         output o(s: name, n: int) to \"effective/o/{s}\"\n\
          // the value itself\no(s, n) :- v(s, n).\n// one more, only while bumped: a conflict\no(s, m) :- v(s, n), bump(s), m = n + 1.\n",
     )
     .unwrap();
     etcd.put("v/web", "1", None).await.unwrap();
     let c = Controller::start("a", &dir);
     settled(&c, &mut etcd, T).await;
-    assert_eq!(get(&mut etcd, "o/web").await.as_deref(), Some("1"));
+    assert_eq!(get(&mut etcd, "effective/o/web").await.as_deref(), Some("1"));
     etcd.put("bump/web", "", None).await.unwrap();
     wait_for("the conflict is recorded", T, || {
         let mut e = etcd.clone();
         async move {
-            get(&mut e, "status/conflict/o/web")
+            get(&mut e, "status/conflict/effective/o/web")
                 .await
                 .is_some_and(|v| v.contains("\"1\"") && v.contains("\"2\"") && v.contains("c.rules:5") && v.contains("c.rules:7"))
         }
     })
     .await;
     settled(&c, &mut etcd, T).await;
-    assert_eq!(get(&mut etcd, "o/web").await.as_deref(), Some("1"), "a conflicted key keeps its previous value");
+    assert_eq!(get(&mut etcd, "effective/o/web").await.as_deref(), Some("1"), "a conflicted key keeps its previous value");
     assert_eq!(c.metric("conflicts"), Some(1.0));
     etcd.delete("bump/web", None).await.unwrap();
     wait_for("the conflict is cleared", T, || {
         let mut e = etcd.clone();
-        async move { get(&mut e, "status/conflict/o/web").await.is_none() }
+        async move { get(&mut e, "status/conflict/effective/o/web").await.is_none() }
     })
     .await;
 }
@@ -386,7 +388,7 @@ async fn a_write_back_longer_than_the_leader_ttl_keeps_leadership() {
     let dir = fresh_dir("bulk-rules");
     std::fs::write(
         dir.join("b.rules"),
-        "input n(s: name, count: int) from \"n/{s}\"\noutput o(s: name, i: int, v: int) to \"o/{s}/{i}\"\n\
+        "input n(s: name, count: int) from \"n/{s}\"\noutput o(s: name, i: int, v: int) to \"effective/o/{s}/{i}\"\n\
          // one key per i below the count\no(s, i, i) :- n(s, c), i in 0..c.\n",
     )
     .unwrap();
@@ -402,7 +404,7 @@ async fn a_write_back_longer_than_the_leader_ttl_keeps_leadership() {
     etcd.put("n/bulk", "100000", None).await.unwrap();
     settled(&c, &mut etcd, Duration::from_secs(120)).await;
     let took = t.elapsed();
-    assert_eq!(get(&mut etcd, "o/bulk/99999").await.as_deref(), Some("99999"));
+    assert_eq!(get(&mut etcd, "effective/o/bulk/99999").await.as_deref(), Some("99999"));
     assert_eq!(c.metric("transactions_total{result=\"refused\"}").unwrap_or(0.0), 0.0, "a transaction was refused:\n{}", c.log());
     assert_eq!(leader_key(etcd.get("status/leader", None).await.unwrap().kvs()), leader_before, "leadership changed hands:\n{}", c.log());
     eprintln!("100,000 keys written and settled in {took:?}");
@@ -436,7 +438,7 @@ async fn tls_with_a_ca_file() {
     let rules = shipped_rules();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let out = ccattler(&["plan", "--etcd", &url, "--etcd-ca", ca.to_str().unwrap(), "--rules", rules.to_str().unwrap()]);
+        let out = ccattler_plain(&["plan", "--etcd", &url, "--etcd-ca", ca.to_str().unwrap(), "--rules", rules.to_str().unwrap()]);
         if out.status.success() {
             assert!(String::from_utf8_lossy(&out.stdout).contains("# plan against etcd revision"));
             break;
@@ -445,10 +447,10 @@ async fn tls_with_a_ca_file() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Without the CA the server's certificate is not trusted.
-    let out = ccattler(&["plan", "--etcd", &url, "--rules", rules.to_str().unwrap()]);
+    let out = ccattler_plain(&["plan", "--etcd", &url, "--rules", rules.to_str().unwrap()]);
     assert!(!out.status.success());
     // A missing CA file is named.
-    let out = ccattler(&["plan", "--etcd", &url, "--etcd-ca", "/no/such/ca.pem"]);
+    let out = ccattler_plain(&["plan", "--etcd", &url, "--etcd-ca", "/no/such/ca.pem"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/ca.pem"));
 }
@@ -480,9 +482,9 @@ async fn apply_writes_user_facts_only_and_get_reads_them() {
     // Another writer writes only its own intent prefix.
     let auto = dir.join("auto.facts");
     std::fs::write(&auto, "intent/autoscaler/service/web/instances = 5\n").unwrap();
-    let out = ccattler(&["apply", auto.to_str().unwrap(), "--writer", "autoscaler", "--etcd", &etcd_url()]);
+    let out = ccattler_as("autoscaler", &["apply", auto.to_str().unwrap(), "--writer", "autoscaler", "--etcd", &etcd_url()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = ccattler(&["apply", good.to_str().unwrap(), "--writer", "autoscaler", "--etcd", &etcd_url()]);
+    let out = ccattler_as("autoscaler", &["apply", good.to_str().unwrap(), "--writer", "autoscaler", "--etcd", &etcd_url()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("good.facts:1: desired/service/web/image is not under intent/autoscaler/"));
     etcd.delete("intent/autoscaler/service/web/instances", None).await.unwrap();

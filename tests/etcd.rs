@@ -1,15 +1,13 @@
-//! Proves the test wiring: `scripts/test` started a real etcd and exported its address.
+//! Proves the test wiring: `scripts/test` started a real etcd, bootstrapped
+//! its auth, and exported its address and root's credentials.
 
+mod common;
+use common::*;
 use std::time::Duration;
-
-fn etcd_url() -> String {
-    std::env::var("CCATTLER_ETCD").expect("CCATTLER_ETCD is set by scripts/test; run the tests through it")
-}
 
 #[tokio::test]
 async fn etcd_from_scripts_test_answers() {
-    let mut client =
-        tokio::time::timeout(Duration::from_secs(10), etcd_client::Client::connect([etcd_url()], None)).await.expect("connect within 10 s").expect("connect");
+    let mut client = tokio::time::timeout(Duration::from_secs(10), connect_as(&etcd_url(), &credentials(), "root")).await.expect("connect within 10 s");
     let key = format!("test/wiring/{}", std::process::id());
     client.put(key.as_str(), "ok", None).await.expect("put");
     let got = client.get(key.as_str(), None).await.expect("get");
@@ -22,7 +20,7 @@ async fn etcd_from_scripts_test_answers() {
 /// the watch (the controller would take a new snapshot every time).
 #[tokio::test]
 async fn a_watch_catching_up_takes_responses_over_4_mib() {
-    let mut client = etcd_client::Client::connect([etcd_url()], None).await.expect("connect");
+    let mut client = connect_as(&etcd_url(), &credentials(), "root").await;
     let prefix = format!("test/bigwatch/{}/", std::process::id());
     let start = client.get("x", None).await.expect("get").header().expect("header").revision() + 1;
     let value = "v".repeat(1024);
@@ -31,7 +29,7 @@ async fn a_watch_catching_up_takes_responses_over_4_mib() {
         client.txn(etcd_client::Txn::new().and_then(ops)).await.expect("txn");
     }
     let opts = etcd_client::WatchOptions::new().with_prefix().with_start_revision(start);
-    let (_watcher, mut stream) = ccattler_bridge::etcd::watch(&client, prefix.as_str(), opts).await.expect("watch");
+    let (_watcher, mut stream) = ccattler_store::etcd::watch(&client, prefix.as_str(), opts).await.expect("watch");
     let (mut events, mut largest) = (0, 0);
     while events < 10_000 {
         let resp = tokio::time::timeout(Duration::from_secs(20), stream.message())

@@ -2,19 +2,25 @@
 //! what is placed on the node, makes the processes match (start, stop,
 //! restart after a crash with backoff, restart when the launch spec
 //! changes), and writes the difference between what it observes and what it
-//! last wrote under `observed/`. A watch on `placement/node/N/` wakes it
-//! early; a resync timer catches spec changes. etcd being away never stops
-//! the instances: the loop reconnects with backoff, reuses its lease while
-//! it lives, and otherwise takes a new one and registers again.
+//! last wrote under its own `observed/node/N/`. It reads only its node's
+//! view (`placement/node/N/`, `effective/node/N/`, `secret/node/N/`: etcd
+//! allows it nothing else), watches all three to wake early, and re-reads
+//! them on a resync timer. The lease is kept alive and the heartbeat
+//! advanced by a task of its own ([`Pulse`]), so a slow step never lets them
+//! lapse. etcd being away never stops the instances: the loop reconnects
+//! with backoff, reuses its lease while it lives, and otherwise takes a new
+//! one and registers again.
 
 use crate::keys::ObservedKey;
 use crate::probe;
 use crate::runtime::{self, Identity, Launch};
-use crate::spec::{self, InstanceSpec};
+use crate::spec::{self, InstanceSpec, Secrets};
 use crate::state::{Record, StateDir, StateError};
-use ccattler_bridge::etcd::{connect, EtcdConfig};
 use ccattler_parser::pattern::is_valid_name as is_name;
-use etcd_client::{Client, Compare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchStream, Watcher};
+use ccattler_store::etcd::{connect, EtcdConfig};
+use ccattler_store::layout;
+use ccattler_store::seal::{NodeKey, SealError};
+use etcd_client::{Client, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchStream, Watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -50,6 +56,10 @@ pub enum AgentError {
     Address(String),
     #[error("--ttl must be at least 2 seconds, not {0}")]
     Ttl(i64),
+    #[error("--{0} must be a positive amount, not {1}")]
+    Capacity(&'static str, i64),
+    #[error("the node key: {0}")]
+    Key(#[from] SealError),
 }
 
 /// Why an instance is in the state it is in; reported as `observed/instance/I/state`.
@@ -61,8 +71,8 @@ enum Phase {
     Crashed { exit: String, retry_at: Instant },
     /// It cannot start until its spec changes (unsupported image, …).
     Failed(String),
-    /// It has no image yet.
-    Waiting,
+    /// It cannot start yet (no image, a secret not sealed to this node yet).
+    Waiting(Option<String>),
     /// Its process was signalled to stop.
     Stopping,
 }
@@ -73,7 +83,7 @@ impl Phase {
             Phase::Running => "running",
             Phase::Crashed { .. } => "crashed",
             Phase::Failed(_) => "failed",
-            Phase::Waiting => "waiting",
+            Phase::Waiting(_) => "waiting",
             Phase::Stopping => "stopping",
         }
     }
@@ -113,11 +123,60 @@ enum Event {
 struct Conn {
     client: Client,
     lease: i64,
-    keeper: LeaseKeeper,
-    keepalive: LeaseKeepAliveStream,
-    next_keepalive: Instant,
+    pulse: Pulse,
     _watcher: Watcher,
     watch: WatchStream,
+}
+
+/// Keeps the lease alive and advances `observed/node/N/heartbeat` every
+/// third of the TTL, on a task of its own: a slow read or a long step of the
+/// loop never lets either lapse. It stops at the first failure and says why.
+struct Pulse {
+    task: tokio::task::JoinHandle<()>,
+    lost: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+impl Pulse {
+    fn start(mut client: Client, (mut keeper, mut responses): (LeaseKeeper, LeaseKeepAliveStream), heartbeat: ObservedKey, ttl: i64) -> Pulse {
+        let (tx, lost) = tokio::sync::watch::channel(None);
+        let period = Duration::from_millis(ttl.max(1) as u64 * 1000 / 3);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let renewed = tokio::time::timeout(Duration::from_secs(2), async {
+                    keeper.keep_alive().await?;
+                    responses.message().await
+                })
+                .await;
+                let why = match renewed {
+                    Ok(Ok(Some(resp))) if resp.ttl() > 0 => match client.put(heartbeat.as_str(), now_ms().to_string(), None).await {
+                        Ok(_) => continue,
+                        Err(e) => format!("heartbeat: {e}"),
+                    },
+                    Ok(Ok(Some(_))) => "the lease expired".to_string(),
+                    Ok(Ok(None)) => "the keep-alive stream ended".to_string(),
+                    Ok(Err(e)) => format!("keep-alive: {e}"),
+                    Err(_) => "keep-alive timed out".to_string(),
+                };
+                let _ = tx.send(Some(why));
+                return;
+            }
+        });
+        Pulse { task, lost }
+    }
+}
+
+impl Drop for Pulse {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The agent's clock in milliseconds: a heartbeat's value (only its change matters).
+fn now_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
 }
 
 /// A fact the agent writes: its value, and whether it dies with the lease.
@@ -135,6 +194,10 @@ pub struct Agent {
     written: BTreeMap<ObservedKey, Fact>,
     /// The last spec read, once one was.
     wanted: Option<BTreeMap<String, InstanceSpec>>,
+    /// The secret values those specs use, opened with the node key (memory only).
+    secrets: Secrets,
+    /// This node's key pair (its public half is `observed/node/N/pubkey`).
+    key: NodeKey,
     /// Set by a fresh read: leftover instance dirs are swept once per read.
     fresh: bool,
     /// Persistent volumes on disk (read at start, added to as instances start).
@@ -170,6 +233,11 @@ impl AgentConfig {
         if self.ttl < 2 {
             return Err(AgentError::Ttl(self.ttl));
         }
+        for (what, amount) in [("cpu", self.cpu), ("memory", self.memory)] {
+            if amount <= 0 {
+                return Err(AgentError::Capacity(what, amount));
+            }
+        }
         Ok(())
     }
 }
@@ -180,11 +248,14 @@ impl Agent {
     pub fn new(cfg: AgentConfig) -> Result<Self, AgentError> {
         cfg.validate()?;
         let state = StateDir::open(&cfg.state_dir)?;
+        let key = NodeKey::load_or_create(&state.node_key())?;
         let mut agent = Agent {
             state,
             instances: BTreeMap::new(),
             written: BTreeMap::new(),
             wanted: None,
+            secrets: Secrets::new(),
+            key,
             fresh: false,
             volumes: BTreeSet::new(),
             conn: None,
@@ -234,8 +305,8 @@ impl Agent {
                 Some(ev) = self.events.1.recv() => self.on_event(ev),
                 msg = watch_message(&mut self.conn) => match msg {
                     Ok(true) => dirty = true,
-                    Ok(false) => self.lost("the placement watch ended"),
-                    Err(e) => self.lost(&format!("the placement watch failed: {e}")),
+                    Ok(false) => self.lost("the watch of the node's view ended"),
+                    Err(e) => self.lost(&format!("the watch of the node's view failed: {e}")),
                 },
                 _ = tick.tick() => {}
             }
@@ -250,7 +321,7 @@ impl Agent {
                 next_resync = Instant::now() + self.cfg.resync;
                 self.read_wanted().await;
             }
-            self.keep_alive().await;
+            self.check_pulse();
             self.converge()?;
             self.probe();
             self.publish().await;
@@ -299,44 +370,35 @@ impl Agent {
         if let Err(e) = self.state.set_lease(Some(lease)) {
             tracing::warn!(error = %e, "cannot remember the lease; a restart will take a new one");
         }
-        let (keeper, keepalive) = client.lease_keep_alive(lease).await?;
-        let (watcher, watch) = ccattler_bridge::etcd::watch(&client, format!("placement/node/{}/", self.cfg.node), WatchOptions::new().with_prefix()).await?;
+        let node = &self.cfg.node;
+        let watch = WatchOptions::new().with_prefix();
+        let (mut watcher, watch_stream) = ccattler_store::etcd::watch(&client, layout::placement_prefix(node), watch.clone()).await?;
+        watcher.watch(layout::view_prefix(node), Some(watch.clone())).await?;
+        watcher.watch(layout::secret_prefix(node), Some(watch)).await?;
         self.written = self.read_written(&mut client, lease).await?;
-        let next_keepalive = Instant::now();
-        Ok(Conn { client, lease, keeper, keepalive, next_keepalive, _watcher: watcher, watch })
+        let heartbeat = ObservedKey::new(node, "heartbeat").expect("the node name was checked");
+        let pulse = Pulse::start(client.clone(), client.lease_keep_alive(lease).await?, heartbeat, self.cfg.ttl);
+        Ok(Conn { client, lease, pulse, _watcher: watcher, watch: watch_stream })
     }
 
-    /// The keys under `observed/` that are ours and that etcd holds as we
-    /// would write them (value and lease); anything else will be rewritten.
+    /// The keys under `observed/node/N/` that etcd holds as we would write
+    /// them (value and lease); anything else will be rewritten. (The
+    /// heartbeat is the pulse's.)
     async fn read_written(&self, client: &mut Client, lease: i64) -> Result<BTreeMap<ObservedKey, Fact>, etcd_client::Error> {
         let node = &self.cfg.node;
-        let mut prefixes = vec![format!("observed/node/{node}/")];
-        let known: BTreeSet<String> = self.instances.keys().cloned().chain(self.state.instance_dirs()).collect();
-        for i in &known {
-            prefixes.push(format!("observed/instance/{i}/"));
-            prefixes.push(format!("observed/probe_state/{i}/"));
-        }
-        for v in &self.volumes {
-            prefixes.push(format!("observed/volume/{v}/"));
-        }
+        let resp = client.get(layout::observed_prefix(node), Some(GetOptions::new().with_prefix())).await?;
         let mut out = BTreeMap::new();
-        for p in prefixes {
-            let resp = client.get(p.as_str(), Some(GetOptions::new().with_prefix())).await?;
-            let kvs = resp.kvs();
-            // Another node's instance (it moved): not ours to keep or delete.
-            let other = kvs.iter().any(|kv| kv.key_str().is_ok_and(|k| k == format!("{p}node")) && kv.value_str().is_ok_and(|v| v != node));
-            if other && !p.starts_with("observed/node/") {
+        for kv in resp.kvs() {
+            let (Ok(k), Ok(v)) = (kv.key_str(), kv.value_str()) else { continue };
+            let Ok(key) = ObservedKey::parse(node, k) else { continue };
+            if key.as_str().ends_with("/heartbeat") && key == ObservedKey::new(node, "heartbeat").expect("a name") {
                 continue;
             }
-            for kv in kvs {
-                let (Ok(k), Ok(v)) = (kv.key_str(), kv.value_str()) else { continue };
-                let Ok(key) = ObservedKey::new(k) else { continue };
-                let leased = kv.lease() != 0;
-                if leased && kv.lease() != lease {
-                    continue; // held by an old lease: write it again under ours
-                }
-                out.insert(key, Fact { value: v.to_string(), leased });
+            let leased = kv.lease() != 0;
+            if leased && kv.lease() != lease {
+                continue; // held by an old lease: write it again under ours
             }
+            out.insert(key, Fact { value: v.to_string(), leased });
         }
         Ok(out)
     }
@@ -346,7 +408,7 @@ impl Agent {
     async fn read_wanted(&mut self) {
         let Some(mut conn) = self.conn.take() else { return };
         let read = async {
-            let wanted = spec::read(&mut conn.client, &self.cfg.node).await?;
+            let wanted = spec::read(&mut conn.client, &self.cfg.node, &self.key).await?;
             let written = self.read_written(&mut conn.client, conn.lease).await?;
             Ok::<_, etcd_client::Error>((wanted, written))
         }
@@ -354,7 +416,8 @@ impl Agent {
         self.conn = Some(conn);
         match read {
             Ok((wanted, written)) => {
-                self.wanted = Some(wanted);
+                self.wanted = Some(wanted.instances);
+                self.secrets = wanted.secrets;
                 self.fresh = true;
                 self.written = written;
             }
@@ -362,23 +425,11 @@ impl Agent {
         }
     }
 
-    async fn keep_alive(&mut self) {
-        let Some(conn) = self.conn.as_mut() else { return };
-        if Instant::now() < conn.next_keepalive {
-            return;
-        }
-        conn.next_keepalive = Instant::now() + Duration::from_millis((self.cfg.ttl as u64 * 1000) / 3);
-        let answer = tokio::time::timeout(Duration::from_secs(2), async {
-            conn.keeper.keep_alive().await?;
-            conn.keepalive.message().await
-        })
-        .await;
-        match answer {
-            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {}
-            Ok(Ok(Some(_))) => self.lost("the lease expired"),
-            Ok(Ok(None)) => self.lost("the keep-alive stream ended"),
-            Ok(Err(e)) => self.lost(&format!("keep-alive: {e}")),
-            Err(_) => self.lost("keep-alive timed out"),
+    /// Whether the pulse still runs; if not, reconnect.
+    fn check_pulse(&mut self) {
+        let why = self.conn.as_ref().and_then(|c| c.pulse.lost.borrow().clone());
+        if let Some(why) = why {
+            self.lost(&why);
         }
     }
 
@@ -398,7 +449,7 @@ impl Agent {
                 }
                 if inst.phase == Phase::Stopping {
                     tracing::info!(instance = %instance, %status, "instance stopped");
-                    inst.phase = Phase::Waiting; // converge restarts or removes it
+                    inst.phase = Phase::Waiting(None); // converge restarts or removes it
                 } else {
                     inst.restarts += 1;
                     let delay = crash_backoff(inst.restarts);
@@ -461,7 +512,7 @@ impl Agent {
                 launch: None,
                 port: 0,
                 proc: None,
-                phase: Phase::Waiting,
+                phase: Phase::Waiting(None),
                 restarts: 0,
                 probes: BTreeMap::new(),
             });
@@ -473,10 +524,10 @@ impl Agent {
                 inst.probes.entry(p.clone()).or_insert_with(|| ProbeRun { spec: ps.clone(), next: Instant::now(), in_flight: false, healthy: None });
             }
             let launch = match launch {
-                Ok(Some(l)) => l,
-                Ok(None) => {
+                Ok(Ok(l)) => l,
+                Ok(Err(why)) => {
                     if inst.proc.is_none() {
-                        inst.phase = Phase::Waiting;
+                        inst.phase = Phase::Waiting(why);
                     }
                     continue;
                 }
@@ -508,13 +559,21 @@ impl Agent {
         Ok(())
     }
 
-    /// The launch spec of a placed instance: None while it has no image,
-    /// Err when it cannot run here.
-    fn launch_for(&self, name: &str, spec: &InstanceSpec) -> Result<Option<Launch>, String> {
-        let Some(image) = &spec.image else { return Ok(None) };
+    /// The launch spec of a placed instance: `Ok(Err(why))` while it must
+    /// wait (no image yet, a secret not yet sealed to this node), `Err` when
+    /// it cannot run here.
+    fn launch_for(&self, name: &str, spec: &InstanceSpec) -> Result<Result<Launch, Option<String>>, String> {
+        let Some(image) = &spec.image else { return Ok(Err(None)) };
         runtime::command_for(image, name).map_err(|e| e.to_string())?;
+        let mut secrets = BTreeMap::new();
+        for (secret, version) in &spec.secrets {
+            match version {
+                Some(v) => secrets.insert(secret.clone(), *v),
+                None => return Ok(Err(Some(format!("secret {secret} is not sealed to this node yet")))),
+            };
+        }
         let volumes = spec.volumes.iter().map(|(v, vs)| (v.clone(), (self.state.volume(name, v, vs.persistent), vs.mount.clone()))).collect();
-        Ok(Some(Launch { image: image.clone(), config: spec.config.clone(), secrets: spec.secrets.clone(), volumes }))
+        Ok(Ok(Launch { image: image.clone(), config: spec.config.clone(), secrets, volumes }))
     }
 
     fn start(&mut self, name: &str, launch: Launch) {
@@ -526,7 +585,7 @@ impl Agent {
                 self.state.create(dir).map_err(|e| e.to_string())?;
             }
             let id = Identity { instance: name, service: &inst.service, node: &self.cfg.node, host: &self.cfg.address, port };
-            let child = runtime::spawn(&id, &launch, &self.state.log(name)).map_err(|e| e.to_string())?;
+            let child = runtime::spawn(&id, &launch, &self.secrets, &self.state.log(name)).map_err(|e| e.to_string())?;
             let pid = child.id().ok_or("the process exited at once")?;
             let start_time = runtime::start_time(pid).unwrap_or(0);
             Ok::<_, String>((child, pid, start_time, port))
@@ -618,7 +677,7 @@ impl Agent {
         }
     }
 
-    /// Everything the agent observes, as facts.
+    /// Everything the agent observes, as facts (all under `observed/node/N/`).
     fn observed(&self, lease: i64) -> BTreeMap<ObservedKey, Fact> {
         let node = &self.cfg.node;
         let mut out = BTreeMap::new();
@@ -632,19 +691,20 @@ impl Agent {
                 Err(e) => tracing::error!(error = %e, "not writing"),
             }
         };
-        put(ObservedKey::node(node, "cpu"), self.cfg.cpu.to_string(), false);
-        put(ObservedKey::node(node, "memory"), self.cfg.memory.to_string(), false);
-        put(ObservedKey::node(node, "address"), self.cfg.address.clone(), false);
+        put(ObservedKey::new(node, "cpu"), self.cfg.cpu.to_string(), false);
+        put(ObservedKey::new(node, "memory"), self.cfg.memory.to_string(), false);
+        put(ObservedKey::new(node, "address"), self.cfg.address.clone(), false);
+        put(ObservedKey::new(node, "ttl"), self.cfg.ttl.to_string(), false);
+        put(ObservedKey::new(node, layout::PUBKEY), self.key.public(), false);
         for (k, v) in &self.cfg.labels {
-            put(ObservedKey::node(node, &format!("label/{k}")), v.clone(), false);
+            put(ObservedKey::new(node, &format!("label/{k}")), v.clone(), false);
         }
-        put(ObservedKey::node(node, "alive"), lease.to_string(), true);
+        put(ObservedKey::new(node, "alive"), lease.to_string(), true);
         // Only instances placed here: one that moved away is the new node's to report.
         let placed = |name: &String| self.wanted.as_ref().is_some_and(|w| w.contains_key(name));
         for (name, inst) in self.instances.iter().filter(|(name, _)| placed(name)) {
-            let mut field = |f: &str, v: String| put(ObservedKey::instance(name, f), v, true);
+            let mut field = |f: &str, v: String| put(ObservedKey::instance(node, name, f), v, true);
             field("service", inst.service.clone());
-            field("node", node.clone());
             field("state", inst.phase.name().into());
             if let Some(image) = &inst.image {
                 field("image", image.clone());
@@ -652,7 +712,7 @@ impl Agent {
             field("restarts", inst.restarts.to_string());
             match &inst.phase {
                 Phase::Crashed { exit, .. } => field("reason", exit.clone()),
-                Phase::Failed(why) => field("reason", why.clone()),
+                Phase::Failed(why) | Phase::Waiting(Some(why)) => field("reason", why.clone()),
                 _ => {}
             }
             if inst.proc.is_some() {
@@ -668,7 +728,7 @@ impl Agent {
             field("health", health.into());
             for (p, run) in &inst.probes {
                 if let Some(h) = run.healthy {
-                    put(ObservedKey::probe(name, p), if h { "healthy" } else { "unhealthy" }.into(), true);
+                    put(ObservedKey::probe(node, name, p), if h { "healthy" } else { "unhealthy" }.into(), true);
                 }
             }
         }
@@ -677,64 +737,34 @@ impl Agent {
             let sizes: BTreeMap<&str, Option<i64>> =
                 wanted.values().flat_map(|s| s.volumes.iter().filter(|(_, v)| v.persistent).map(|(n, v)| (n.as_str(), v.size_gib))).collect();
             for v in &self.volumes {
-                put(ObservedKey::volume(v, "node"), node.clone(), false);
-                if let Some(Some(size)) = sizes.get(v.as_str()) {
-                    put(ObservedKey::volume(&v, "size"), size.to_string(), false);
-                }
+                let size = sizes.get(v.as_str()).copied().flatten().map_or_else(String::new, |s| s.to_string());
+                put(ObservedKey::volume(node, v, "size"), size, false);
             }
         }
         out
     }
 
-    /// Writes what changed since the last write. Deleting an instance's keys
-    /// is conditional on `observed/instance/I/node` still naming this node,
-    /// so an instance that moved keeps its new node's facts.
+    /// Writes what changed since the last write (every key is this node's own).
     async fn publish(&mut self) {
         let Some(lease) = self.conn.as_ref().map(|c| c.lease) else { return };
         let want = self.observed(lease);
         let mut conn = self.conn.take().expect("connected");
-        let mut puts = Vec::new();
-        for (k, f) in &want {
-            if self.written.get(k) != Some(f) {
-                puts.push((k.clone(), f.clone()));
-            }
-        }
-        let mut deletes: BTreeMap<String, Vec<ObservedKey>> = BTreeMap::new();
-        for k in self.written.keys().filter(|k| !want.contains_key(*k)) {
-            let owner = k.as_str().strip_prefix("observed/instance/").or(k.as_str().strip_prefix("observed/probe_state/")).and_then(|r| r.split('/').next());
-            deletes.entry(owner.unwrap_or("").to_string()).or_default().push(k.clone());
-        }
+        let puts: Vec<(&ObservedKey, &Fact)> = want.iter().filter(|(k, f)| self.written.get(*k) != Some(*f)).collect();
+        let deletes: Vec<ObservedKey> = self.written.keys().filter(|k| !want.contains_key(*k)).cloned().collect();
         let result: Result<(), etcd_client::Error> = async {
             for chunk in puts.chunks(TXN_OPS) {
                 let ops: Vec<TxnOp> =
                     chunk.iter().map(|(k, f)| TxnOp::put(k.as_str(), f.value.as_str(), f.leased.then(|| PutOptions::new().with_lease(lease)))).collect();
                 conn.client.txn(Txn::new().and_then(ops)).await?;
                 for (k, f) in chunk {
-                    self.written.insert(k.clone(), f.clone());
+                    self.written.insert((*k).clone(), (*f).clone());
                 }
             }
-            for (owner, keys) in &deletes {
-                for chunk in keys.chunks(TXN_OPS) {
-                    let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.as_str(), None)).collect();
-                    let mut txn = Txn::new();
-                    if !owner.is_empty() {
-                        let node_key = format!("observed/instance/{owner}/node");
-                        // Ours if it names us, or if it is already gone.
-                        txn = txn.when([Compare::value(node_key.as_str(), CompareOp::Equal, self.cfg.node.as_str())]);
-                        let resp = conn.client.txn(txn.and_then(ops.clone())).await?;
-                        if !resp.succeeded() {
-                            // Owned by another node now, or the node key is gone: delete only what is not.
-                            let n = conn.client.get(node_key.as_str(), None).await?;
-                            if n.kvs().is_empty() {
-                                conn.client.txn(Txn::new().and_then(ops)).await?;
-                            }
-                        }
-                    } else {
-                        conn.client.txn(txn.and_then(ops)).await?;
-                    }
-                    for k in chunk {
-                        self.written.remove(k);
-                    }
+            for chunk in deletes.chunks(TXN_OPS) {
+                let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.as_str(), None)).collect();
+                conn.client.txn(Txn::new().and_then(ops)).await?;
+                for k in chunk {
+                    self.written.remove(k);
                 }
             }
             Ok(())

@@ -1,4 +1,5 @@
-//! Probes: `desired/probe/S/<probe>/method` is `http:<path>` (healthy on a 2xx
+//! Probes: `effective/node/N/instance/I/probe/P/method` (from
+//! `desired/probe/S/P/method`) is `http:<path>` (healthy on a 2xx
 //! answer), `tcp` (healthy when the port accepts a connection) or
 //! `exec:<command>` (healthy when `sh -c <command>` exits 0, run with the
 //! instance's `PORT` and `HOST`). Each attempt has a deadline of one second.
@@ -42,8 +43,8 @@ pub async fn run(method: &Method, host: &str, port: u16) -> bool {
 async fn attempt(method: &Method, host: &str, port: u16) -> bool {
     match method {
         Method::Tcp => tokio::net::TcpStream::connect((host, port)).await.is_ok(),
-        // A real HTTP/1.1 GET (hyper, via the bridge's client).
-        Method::Http(path) => ccattler_bridge::http::get(host, port, path).await.is_some_and(|(s, _)| s.is_success()),
+        // A real HTTP/1.1 GET (hyper, via the store's client).
+        Method::Http(path) => ccattler_store::http::get(host, port, path).await.is_some_and(|(s, _)| s.is_success()),
         Method::Exec(cmd) => tokio::process::Command::new("/bin/sh")
             .args(["-c", cmd])
             .env("PORT", port.to_string())

@@ -15,14 +15,18 @@
 //! `VOLUME_<NAME>_MOUNT`). Output goes to `<state-dir>/instances/I/log`.
 
 use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// What to run for one instance: everything that, when it changes, restarts it.
+/// What to run for one instance: everything that, when it changes, restarts
+/// it. It is recorded in the state dir, so it names secrets and their
+/// versions, never their values.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Launch {
     pub image: String,
     pub config: BTreeMap<String, String>,
-    pub secrets: BTreeMap<String, String>,
+    /// secret → the version of its value (a new version restarts the instance)
+    pub secrets: BTreeMap<String, i64>,
     /// volume → (host directory, mount path)
     pub volumes: BTreeMap<String, (PathBuf, String)>,
 }
@@ -61,8 +65,9 @@ pub struct Identity<'a> {
     pub port: u16,
 }
 
-/// Starts an instance in its own process group.
-pub fn spawn(id: &Identity, launch: &Launch, log: &Path) -> Result<tokio::process::Child, RuntimeError> {
+/// Starts an instance in its own process group; its secrets' values come
+/// from `secrets` (opened in memory), and go only into its environment.
+pub fn spawn(id: &Identity, launch: &Launch, secrets: &crate::spec::Secrets, log: &Path) -> Result<tokio::process::Child, RuntimeError> {
     let err = |source| RuntimeError::Spawn { instance: id.instance.into(), source };
     let (program, args) = command_for(&launch.image, id.instance)?;
     let out = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(err)?;
@@ -77,8 +82,9 @@ pub fn spawn(id: &Identity, launch: &Launch, log: &Path) -> Result<tokio::proces
     for (k, v) in &launch.config {
         cmd.env(k, v);
     }
-    for (k, v) in &launch.secrets {
-        cmd.env(env_name("SECRET_", k), v);
+    for k in launch.secrets.keys() {
+        let value = secrets.get(k).map(|(_, v)| v.as_slice()).unwrap_or_default();
+        cmd.env(env_name("SECRET_", k), std::ffi::OsStr::from_bytes(value));
     }
     for (v, (dir, mount)) in &launch.volumes {
         cmd.env(env_name("VOLUME_", v), dir);

@@ -1,10 +1,13 @@
-//! What the agent should run, read from etcd: the instances placed on its
-//! node (`placement/node/N/`) and, for each, what the rules published for it
-//! (`effective/service/S/…`, `effective/instance/I/…`, `effective/volume/V/…`)
-//! and what users declared about it (`desired/probe/S/…`,
-//! `desired/volume/V/persistent`, secret values under `secret/`).
+//! What the agent should run, read from its node's view and nothing else
+//! (etcd holds it to these prefixes; `ccattler_store::layout`):
+//! `placement/node/N/I = S` (what is placed here), `effective/node/N/…` (each
+//! instance's image, port, config, granted secrets, volumes and probes) and
+//! `secret/node/N/X` (secret values sealed to this node's key, opened here,
+//! in memory only). All three are read at one revision.
 
 use crate::probe::Method;
+use ccattler_store::layout;
+use ccattler_store::seal::{NodeKey, Plain};
 use etcd_client::{Client, GetOptions};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,8 +17,9 @@ pub struct InstanceSpec {
     pub service: String,
     pub image: Option<String>,
     pub config: BTreeMap<String, String>,
-    /// secret name → value
-    pub secrets: BTreeMap<String, String>,
+    /// Granted secrets: name → the version of its value (None while the
+    /// controller has not sealed it to this node yet, or it does not open).
+    pub secrets: BTreeMap<String, Option<i64>>,
     pub volumes: BTreeMap<String, VolumeSpec>,
     pub probes: BTreeMap<String, ProbeSpec>,
 }
@@ -37,80 +41,153 @@ pub struct ProbeSpec {
 /// The default probe interval (`desired/probe/S/P/interval`, seconds, overrides it).
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
-async fn prefix(client: &mut Client, p: &str) -> Result<Vec<(String, String)>, etcd_client::Error> {
-    let resp = client.get(p, Some(GetOptions::new().with_prefix())).await?;
+/// Secret values opened with this node's key: name → (version, value).
+pub type Secrets = BTreeMap<String, (i64, Plain)>;
+
+/// Everything placed on the node: instance specs and the secrets they use.
+#[derive(Default)]
+pub struct Wanted {
+    pub instances: BTreeMap<String, InstanceSpec>,
+    pub secrets: Secrets,
+}
+
+/// Keys under `prefix` at `rev`, with the prefix cut off.
+async fn prefix(client: &mut Client, p: &str, rev: i64) -> Result<Vec<(String, String)>, etcd_client::Error> {
+    let resp = client.get(p, Some(GetOptions::new().with_prefix().with_revision(rev))).await?;
     Ok(resp.kvs().iter().filter_map(|kv| Some((kv.key_str().ok()?.strip_prefix(p)?.to_string(), kv.value_str().ok()?.to_string()))).collect())
 }
 
-async fn value(client: &mut Client, key: &str) -> Result<Option<String>, etcd_client::Error> {
-    let resp = client.get(key, None).await?;
-    Ok(resp.kvs().first().and_then(|kv| kv.value_str().ok()).map(str::to_string))
+/// Reads the node's view at one revision.
+pub async fn read(client: &mut Client, node: &str, key: &NodeKey) -> Result<Wanted, etcd_client::Error> {
+    let placed_prefix = layout::placement_prefix(node);
+    let first = client.get(placed_prefix.as_str(), Some(GetOptions::new().with_prefix())).await?;
+    let rev = first.header().map_or(0, |h| h.revision());
+    let placed: Vec<(String, String)> =
+        first.kvs().iter().filter_map(|kv| Some((kv.key_str().ok()?.strip_prefix(&placed_prefix)?.to_string(), kv.value_str().ok()?.to_string()))).collect();
+    let view = prefix(client, &layout::view_prefix(node), rev).await?;
+    let sealed = prefix(client, &layout::secret_prefix(node), rev).await?;
+    Ok(assemble(placed, view, sealed, key))
 }
 
-/// Every instance placed on `node`, with its spec.
-pub async fn read(client: &mut Client, node: &str) -> Result<BTreeMap<String, InstanceSpec>, etcd_client::Error> {
-    let placed = prefix(client, &format!("placement/node/{node}/")).await?;
-    let mut services: BTreeMap<String, (Option<String>, BTreeMap<String, ProbeSpec>)> = BTreeMap::new();
-    let mut out = BTreeMap::new();
+/// Builds the specs from the three prefixes' keys (each with its prefix cut off).
+pub fn assemble(placed: Vec<(String, String)>, view: Vec<(String, String)>, sealed: Vec<(String, String)>, key: &NodeKey) -> Wanted {
+    let mut secrets = Secrets::new();
+    for (name, value) in sealed {
+        match key.open(&name, &value) {
+            Ok(opened) => {
+                secrets.insert(name, opened);
+            }
+            // Sealed to an old key of ours, or damaged: it is sealed again by
+            // the controller once it sees our public key. Never logged whole.
+            Err(e) => tracing::warn!(secret = %name, error = %e, "a sealed secret does not open; waiting for it to be sealed again"),
+        }
+    }
+    let mut instances: BTreeMap<String, InstanceSpec> = BTreeMap::new();
     for (instance, service) in placed {
-        if instance.contains('/') {
-            continue;
+        if layout_name(&instance) {
+            let spec =
+                InstanceSpec { service, image: None, config: BTreeMap::new(), secrets: BTreeMap::new(), volumes: BTreeMap::new(), probes: BTreeMap::new() };
+            instances.insert(instance, spec);
         }
-        if !services.contains_key(&service) {
-            let fields = prefix(client, &format!("effective/service/{service}/")).await?;
-            let image = fields.iter().find(|(k, _)| k == "image").map(|(_, v)| v.clone());
-            let probes = probes(prefix(client, &format!("desired/probe/{service}/")).await?);
-            services.insert(service.clone(), (image, probes));
+    }
+    // Volume facts of the node: volume → (size, persistent).
+    let mut volume_facts: BTreeMap<String, (Option<i64>, bool)> = BTreeMap::new();
+    let mut probe_fields: BTreeMap<(String, String), (Option<String>, Option<String>)> = BTreeMap::new();
+    for (k, v) in view {
+        let parts: Vec<&str> = k.split('/').collect();
+        match parts.as_slice() {
+            ["volume", vol, "size"] => volume_facts.entry(vol.to_string()).or_default().0 = v.parse().ok(),
+            ["volume", vol, "persistent"] => volume_facts.entry(vol.to_string()).or_default().1 = v == "true",
+            ["instance", i, rest @ ..] => {
+                let Some(spec) = instances.get_mut(*i) else { continue }; // not (or no longer) placed here
+                match rest {
+                    ["image"] => spec.image = Some(v),
+                    ["config", key] => {
+                        spec.config.insert(key.to_string(), v);
+                    }
+                    ["secret", name] => {
+                        spec.secrets.insert(name.to_string(), secrets.get(*name).map(|(version, _)| *version));
+                    }
+                    ["volume", vol] => {
+                        spec.volumes.insert(vol.to_string(), VolumeSpec { mount: v, persistent: false, size_gib: None });
+                    }
+                    ["probe", p, "method"] => probe_fields.entry((i.to_string(), p.to_string())).or_default().0 = Some(v),
+                    ["probe", p, "interval"] => probe_fields.entry((i.to_string(), p.to_string())).or_default().1 = Some(v),
+                    _ => {} // service, port, and fields a newer controller may add
+                }
+            }
+            _ => {}
         }
-        let (image, probes) = services[&service].clone();
-        let mut spec = InstanceSpec { service, image, config: BTreeMap::new(), secrets: BTreeMap::new(), volumes: BTreeMap::new(), probes };
-        for (k, v) in prefix(client, &format!("effective/instance/{instance}/")).await? {
-            if let Some(key) = k.strip_prefix("config/") {
-                spec.config.insert(key.into(), v);
-            } else if let Some(name) = k.strip_prefix("secret/") {
-                let secret = value(client, &format!("secret/{name}")).await?.unwrap_or_default();
-                spec.secrets.insert(name.into(), secret);
-            } else if let Some(vol) = k.strip_prefix("volume/") {
-                let persistent = value(client, &format!("desired/volume/{vol}/persistent")).await?.as_deref() == Some("true");
-                let size_gib = value(client, &format!("effective/volume/{vol}/size")).await?.and_then(|s| s.parse().ok());
-                spec.volumes.insert(vol.into(), VolumeSpec { mount: v, persistent, size_gib });
+    }
+    for spec in instances.values_mut() {
+        for (name, vs) in spec.volumes.iter_mut() {
+            if let Some((size, persistent)) = volume_facts.get(name) {
+                vs.size_gib = *size;
+                vs.persistent = *persistent;
             }
         }
-        out.insert(instance, spec);
     }
-    Ok(out)
+    for ((i, p), (method, interval)) in probe_fields {
+        let Some(method) = method else { continue };
+        let interval = interval.and_then(|s| s.parse::<u64>().ok()).filter(|s| *s > 0).map_or(PROBE_INTERVAL, Duration::from_secs);
+        let method = method.parse::<Method>().map_err(|e| e.to_string());
+        if let Some(spec) = instances.get_mut(&i) {
+            spec.probes.insert(p, ProbeSpec { method, interval });
+        }
+    }
+    // Only the secrets some instance here is granted are kept in memory.
+    secrets.retain(|name, _| instances.values().any(|s| s.secrets.contains_key(name)));
+    Wanted { instances, secrets }
 }
 
-/// `P/method` and `P/interval` entries → probes by name.
-fn probes(fields: Vec<(String, String)>) -> BTreeMap<String, ProbeSpec> {
-    let mut out = BTreeMap::new();
-    for (k, v) in &fields {
-        let Some(name) = k.strip_suffix("/method") else { continue };
-        let interval = fields
-            .iter()
-            .find(|(k, _)| k.strip_suffix("/interval") == Some(name))
-            .and_then(|(_, v)| v.parse::<u64>().ok())
-            .filter(|s| *s > 0)
-            .map_or(PROBE_INTERVAL, Duration::from_secs);
-        let method = v.parse::<Method>().map_err(|e| e.to_string());
-        out.insert(name.to_string(), ProbeSpec { method, interval });
-    }
-    out
+fn layout_name(s: &str) -> bool {
+    ccattler_parser::pattern::is_valid_name(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
     #[test]
-    fn probes_with_intervals_and_bad_methods() {
-        let p = probes(vec![
-            ("readiness/method".into(), "http:/healthz".into()),
-            ("readiness/interval".into(), "5".into()),
-            ("liveness/method".into(), "ping".into()),
-        ]);
-        assert_eq!(p["readiness"], ProbeSpec { method: Ok(Method::Http("/healthz".into())), interval: Duration::from_secs(5) });
-        assert_eq!(p["liveness"].interval, PROBE_INTERVAL);
-        assert!(p["liveness"].method.as_ref().unwrap_err().contains("\"ping\""));
+    fn the_node_view_becomes_specs_with_opened_secrets() {
+        let dir = std::env::temp_dir().join(format!("ccattler-spec-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = NodeKey::load_or_create(&dir.join("node.key")).unwrap();
+        let other = NodeKey::load_or_create(&dir.join("other.key")).unwrap();
+        let sealed = ccattler_store::seal::seal_to_node(&key.public(), "db", b"hunter2", 7).unwrap();
+        let stale = ccattler_store::seal::seal_to_node(&other.public(), "api", b"x", 3).unwrap();
+        let w = assemble(
+            kv(&[("web-0", "web"), ("Bad/x", "web")]),
+            kv(&[
+                ("instance/web-0/image", "builtin:http"),
+                ("instance/web-0/config/LOG", "debug"),
+                ("instance/web-0/secret/db", ""),
+                ("instance/web-0/secret/api", ""),
+                ("instance/web-0/volume/data", "/data"),
+                ("instance/web-0/probe/readiness/method", "http:/healthz"),
+                ("instance/web-0/probe/readiness/interval", "5"),
+                ("instance/web-0/probe/liveness/method", "ping"),
+                ("instance/web-9/image", "elsewhere"),
+                ("volume/data/size", "10"),
+                ("volume/data/persistent", "true"),
+            ]),
+            kv(&[("db", &sealed), ("api", &stale), ("unused", &sealed)]),
+            &key,
+        );
+        assert_eq!(w.instances.keys().collect::<Vec<_>>(), ["web-0"]);
+        let s = &w.instances["web-0"];
+        assert_eq!(s.image.as_deref(), Some("builtin:http"));
+        assert_eq!(s.config["LOG"], "debug");
+        assert_eq!(s.secrets, BTreeMap::from([("api".to_string(), None), ("db".to_string(), Some(7))]));
+        assert_eq!(s.volumes["data"], VolumeSpec { mount: "/data".into(), persistent: true, size_gib: Some(10) });
+        assert_eq!(s.probes["readiness"], ProbeSpec { method: Ok(Method::Http("/healthz".into())), interval: Duration::from_secs(5) });
+        assert!(s.probes["liveness"].method.as_ref().unwrap_err().contains("\"ping\""));
+        assert_eq!(w.secrets.keys().collect::<Vec<_>>(), ["db"], "only granted secrets that open are kept");
+        assert_eq!(w.secrets["db"].1.as_slice(), b"hunter2");
     }
 }

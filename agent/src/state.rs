@@ -3,7 +3,9 @@
 //! ```text
 //! <state-dir>/lock                      flock: one agent per state dir
 //! <state-dir>/lease                     the etcd lease id, reused while it lives
+//! <state-dir>/node.key                  the node's X25519 secret key (0600)
 //! <state-dir>/instances/<I>/record.json pid, start time, port, launch spec
+//!                                       (secret names and versions, never values)
 //! <state-dir>/instances/<I>/log         the instance's stdout and stderr
 //! <state-dir>/instances/<I>/volumes/<V> non-persistent volumes (removed with I)
 //! <state-dir>/volumes/<V>               persistent volumes (outlive instances)
@@ -69,6 +71,11 @@ impl StateDir {
                 _ => Ok(()),
             },
         }
+    }
+
+    /// The node's key pair ([`ccattler_store::seal::NodeKey`]).
+    pub fn node_key(&self) -> PathBuf {
+        self.root.join("node.key")
     }
 
     pub fn instance_dir(&self, instance: &str) -> PathBuf {

@@ -56,6 +56,7 @@ fn main() {
             leader_ttl: 10,
             id: "bench".into(),
             listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+            secret_key: None,
         };
         settle_disk();
         let t = Instant::now();

@@ -51,6 +51,7 @@ async fn start_controller(etcd: &Etcd) -> Running {
         leader_ttl: 10,
         id: "bench".into(),
         listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+        secret_key: None,
     };
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(controller::run_until(cfg, stop_rx));

@@ -5,7 +5,9 @@
 use crate::etcd::{self, EtcdConfig, Fence, Written};
 use crate::metrics::Metrics;
 use crate::reconcile::{Event, PlanCursor, Reconciler};
+use crate::secrets::SecretBook;
 use ccattler_parser::program::Program;
+use ccattler_store::seal::ClusterKeys;
 use etcd_client::{Client, Compare, CompareOp, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -31,6 +33,9 @@ pub struct ControllerConfig {
     /// This controller's name in `status/leader`.
     pub id: String,
     pub listen: Option<SocketAddr>,
+    /// The cluster's secret key file: secret values are re-sealed to the
+    /// nodes that need them. Without it nothing is sealed.
+    pub secret_key: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +48,8 @@ pub enum ControllerError {
     Engine(#[from] ccattler_engine::EngineError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("--secret-key: {0}")]
+    SecretKey(#[from] ccattler_store::seal::SealError),
 }
 
 /// State the HTTP endpoints read.
@@ -75,6 +82,49 @@ pub fn prefixes(program: &Program) -> Vec<String> {
         }
     }
     out
+}
+
+/// What the controller reads: what the rules read and write, and `secret/`
+/// (values to seal to nodes, and the sealed copies it keeps right).
+pub fn controller_prefixes(program: &Program) -> Vec<String> {
+    let mut p = prefixes(program);
+    if !p.iter().any(|q| "secret/".starts_with(q.as_str())) {
+        p.push("secret/".into());
+        p.sort();
+    }
+    p
+}
+
+/// The key of the cluster clock the rules judge heartbeats by.
+pub const CLOCK_KEY: &str = "status/clock";
+
+/// The cluster clock (`status/clock`, seconds), advanced by the leader every
+/// second by its own monotonic clock from where the last leader left it: a
+/// new leader whose wall clock is ahead never makes fresh heartbeats look
+/// stale, and time without a leader does not count. (Written only if the
+/// rules read it.)
+struct LeaderClock {
+    base: i64,
+    since: Instant,
+    written: Option<i64>,
+}
+
+impl LeaderClock {
+    /// Starts from the clock etcd holds, or the wall clock for a first leader.
+    fn start(r: &Reconciler) -> LeaderClock {
+        let held = r.inputs.facts.get(CLOCK_KEY).and_then(|f| f.value.parse::<i64>().ok());
+        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        LeaderClock { base: held.unwrap_or(wall), since: Instant::now(), written: None }
+    }
+
+    fn now(&self) -> i64 {
+        self.base.saturating_add(self.since.elapsed().as_secs() as i64)
+    }
+}
+
+/// Whether the rules read the cluster clock.
+fn rules_read_clock(program: &Program) -> bool {
+    ccattler_engine::facts::decode(program, CLOCK_KEY, "0").is_ok_and(|t| !t.is_empty())
 }
 
 /// Reads the watch in a task of its own and hands responses over a channel,
@@ -231,6 +281,9 @@ pub async fn run(cfg: ControllerConfig) -> Result<(), ControllerError> {
 /// resigns and returns).
 pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<(), ControllerError> {
     let mut program = load_rules(&cfg.rules)?;
+    let secret_keys = cfg.secret_key.as_deref().map(ClusterKeys::load).transpose()?;
+    let mut book = SecretBook::default();
+    let mut unsealable: Vec<crate::secrets::Unsealable> = Vec::new();
     let (explain_tx, mut explain_rx) = tokio::sync::mpsc::channel::<crate::explain::Asked>(16);
     let shared = Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new(), explain: explain_tx });
     if let Some(addr) = cfg.listen {
@@ -255,7 +308,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         };
         let fresh = r.is_fresh();
         let loaded = match etcd::connect(&cfg.etcd).await {
-            Ok(client) => load_snapshot(client, &program, r).await?,
+            Ok(client) => load_snapshot(client, &program, r, &mut book).await?,
             Err(e) => Err(e),
         };
         let (mut client, rev, keys) = match loaded {
@@ -309,6 +362,11 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             }
         }
         let mut tick = tokio::time::interval(Duration::from_millis((cfg.leader_ttl.max(1) as u64 * 1000) / 3));
+        let mut clock_tick = tokio::time::interval(Duration::from_secs(1));
+        clock_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let with_clock = rules_read_clock(&program);
+        // The clock of the leadership (by its fence) that advances it.
+        let mut clock: Option<(i64, LeaderClock)> = None;
         // After a refused transaction: wait until the watch has reached this
         // revision, and back off (50 ms doubling to 2 s) while refusals repeat.
         let mut wait_until: u64 = 0;
@@ -329,6 +387,18 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| r.revision() >= wait_until && !behind);
             if let Some(fence) = fence {
                 match write_back(&mut client, r, &fence, max_ops, &shared.metrics).await {
+                    // Nothing derived to write: secret values next.
+                    Ok(WriteBack::Idle) if book.is_dirty() => {
+                        refusals = 0;
+                        match seal_secrets(&mut client, &mut book, secret_keys.as_ref(), &fence, max_ops, &mut unsealable).await {
+                            Ok(Some(at)) => wait_until = at,
+                            Ok(None) => {}
+                            Err(e) => {
+                                warn!(error = %e, "writing sealed secrets failed; reconnecting");
+                                continue 'connect;
+                            }
+                        }
+                    }
                     Ok(WriteBack::Idle) => refusals = 0,
                     // Our own writes come back through the watch one revision at a
                     // time; the states in between are partial (some placements
@@ -389,6 +459,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                                 EventType::Delete => None,
                             };
                             leader_gone |= key == LEADER_KEY && value.is_none();
+                            book.observe(key, value.as_ref());
                             by_rev.entry(kv.mod_revision() as u64).or_default().push(Event { key: key.to_string(), value });
                         }
                     }
@@ -406,6 +477,27 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                     if leader_gone && leader.is_none() {
                         leader = take_over(&mut client, &cfg, r).await;
+                    }
+                }
+                _ = clock_tick.tick(), if with_clock => {
+                    let Some(l) = leader.as_ref() else {
+                        clock = None;
+                        continue;
+                    };
+                    if clock.as_ref().is_none_or(|(f, _)| *f != l.fence.create_revision) {
+                        clock = Some((l.fence.create_revision, LeaderClock::start(r)));
+                    }
+                    let c = &mut clock.as_mut().expect("just set").1;
+                    let now = c.now();
+                    if c.written != Some(now) {
+                        match etcd::write(&mut client, &l.fence, &[], Some((CLOCK_KEY, now.to_string()))).await {
+                            Ok(Written::Committed(_)) => c.written = Some(now),
+                            Ok(Written::Refused(_)) => warn!("the clock was not written: leadership changed"),
+                            Err(e) => {
+                                warn!(error = %e, "writing the clock failed; reconnecting");
+                                continue 'connect;
+                            }
+                        }
                     }
                 }
                 _ = tick.tick() => {
@@ -450,14 +542,23 @@ const FIRST_PAGE: i64 = 5000;
 /// more than the read); one that holds state is rebased onto the whole
 /// snapshot (after a compaction or reconnect). The outer error is the
 /// engine's (fatal), the inner one etcd's (retry).
-async fn load_snapshot(mut client: Client, program: &Program, r: &mut Reconciler) -> Result<Result<(Client, i64, usize), etcd_client::Error>, ControllerError> {
-    let prefixes = prefixes(program);
+async fn load_snapshot(
+    mut client: Client,
+    program: &Program,
+    r: &mut Reconciler,
+    book: &mut SecretBook,
+) -> Result<Result<(Client, i64, usize), etcd_client::Error>, ControllerError> {
+    let prefixes = controller_prefixes(program);
+    book.clear();
     if !r.is_fresh() {
         let (rev, snap) = match etcd::snapshot(&mut client, &prefixes, FIRST_PAGE).await {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
         };
         let keys = snap.len();
+        for (k, h) in &snap {
+            book.observe(k, Some(h));
+        }
         tokio::task::block_in_place(|| r.rebase(rev as u64, snap))?;
         return Ok(Ok((client, rev, keys)));
     }
@@ -473,6 +574,9 @@ async fn load_snapshot(mut client: Client, program: &Program, r: &mut Reconciler
     tokio::task::block_in_place(|| {
         while let Some(page) = rx.blocking_recv() {
             keys += page.len();
+            for (k, h) in &page {
+                book.observe(k, Some(h));
+            }
             r.load_page(rev as u64, page)?;
         }
         Ok::<_, ControllerError>(())
@@ -525,7 +629,7 @@ async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_
             }
             let (mut c, f) = (client.clone(), fence.clone());
             running.spawn(async move {
-                let result = etcd::write(&mut c, &f, &chunk, derived).await;
+                let result = etcd::write(&mut c, &f, &chunk, Some((crate::reconcile::DERIVED_REVISION, derived.to_string()))).await;
                 (chunk, result)
             });
         }
@@ -552,6 +656,41 @@ async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_
         Some(rev) => WriteBack::Refused(rev.max(last)),
         None => WriteBack::Committed(last),
     })
+}
+
+/// Writes the sealed secret copies the book plans, fenced like the
+/// write-back; logs what cannot be sealed when that changes. The revision to
+/// wait for before planning again, if anything was written or refused.
+async fn seal_secrets(
+    client: &mut Client,
+    book: &mut SecretBook,
+    keys: Option<&ClusterKeys>,
+    fence: &Fence,
+    max_ops: usize,
+    reported: &mut Vec<crate::secrets::Unsealable>,
+) -> Result<Option<u64>, etcd_client::Error> {
+    let (ops, problems) = book.plan(keys);
+    if problems != *reported {
+        for p in problems.iter().filter(|p| !reported.contains(p)) {
+            warn!(node = %p.node, secret = %p.secret, reason = %p.why, "a secret cannot be sealed to a node that needs it");
+        }
+        *reported = problems;
+    }
+    let mut last = None;
+    for chunk in ops.chunks(max_ops.max(1)) {
+        match etcd::write(client, fence, chunk, None).await? {
+            Written::Committed(rev) => {
+                book.written(chunk, rev);
+                info!(keys = chunk.len(), revision = rev, "sealed secrets written");
+                last = Some(rev as u64);
+            }
+            Written::Refused(rev) => {
+                book.refused();
+                return Ok(Some(rev as u64));
+            }
+        }
+    }
+    Ok(last)
 }
 
 async fn resign(client: &mut Client, leader: Option<Leadership>) -> Result<(), ControllerError> {

@@ -7,10 +7,11 @@
 //! answers `explain` from a controller's warm engine or a snapshot.
 
 pub mod controller;
-pub mod etcd;
 pub mod explain;
 pub mod http;
 pub mod metrics;
 pub mod reconcile;
+pub mod secrets;
 
+pub use ccattler_store::etcd;
 pub use reconcile::{Event, Held, Op, Reconciler};

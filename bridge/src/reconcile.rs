@@ -9,6 +9,7 @@
 use ccattler_engine::facts::{InputFacts, OutputFacts};
 use ccattler_engine::{Engine, EngineError};
 use ccattler_parser::program::Program;
+pub use ccattler_store::etcd::{Held, Op};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -21,38 +22,11 @@ pub const CONFLICT: &str = "status/conflict/";
 /// The revision the outputs were last derived from; written with every write-back.
 pub const DERIVED_REVISION: &str = "status/derived_revision";
 
-/// A key as etcd holds it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Held {
-    pub value: String,
-    pub mod_revision: i64,
-    pub create_revision: i64,
-}
-
 /// One change seen in etcd: a put (`Some`) or a delete (`None`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     pub key: String,
     pub value: Option<Held>,
-}
-
-/// One write the rules want, guarded by what etcd held when it was planned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// The key must not exist (`create_revision == 0`): never overwrites.
-    Create { key: String, value: String },
-    /// The key must still be at `mod_revision`.
-    Update { key: String, value: String, mod_revision: i64 },
-    /// The key must still be at `mod_revision`.
-    Delete { key: String, mod_revision: i64 },
-}
-
-impl Op {
-    pub fn key(&self) -> &str {
-        match self {
-            Op::Create { key, .. } | Op::Update { key, .. } | Op::Delete { key, .. } => key,
-        }
-    }
 }
 
 /// Where a plan made in chunks has got to ([`Reconciler::plan_next`]).

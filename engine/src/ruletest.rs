@@ -18,8 +18,9 @@
 //! expect count placement/instance/ = 3
 //! ```
 //!
-//! Sections: `given` (facts before the first check), `when` (puts `K = V` and
-//! deletes `- K`, applied in one revision), `expect contains` (each fact is
+//! Sections: `given` (facts before the first check), `when` (puts `K = V`,
+//! deletes `- K` and `include FILE`, a facts file relative to the test file,
+//! applied in one revision), `expect contains` (each fact is
 //! derived; a value `*` matches any value), `expect exact` (the derived facts
 //! under the listed keys' common prefixes are exactly these), `expect absent`
 //! (these keys are not derived), `expect count PREFIX = N` (N derived keys
@@ -82,8 +83,19 @@ enum Section {
     Rejected,
 }
 
-/// Parses a test file into cases.
+/// Parses a test file into cases; `include PATH` lines read facts files
+/// relative to the test file's directory.
 pub fn parse(file: &str, text: &str) -> Result<Vec<Case>, TestFileError> {
+    let dir = std::path::Path::new(file).parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    parse_with(file, text, &|path: &str| {
+        let p = dir.join(path);
+        std::fs::read_to_string(&p).map(|t| (p.display().to_string(), t)).map_err(|e| format!("include {}: {e}", p.display()))
+    })
+}
+
+/// [`parse`] with `include PATH` resolved by `include` (to the included
+/// file's name and text).
+pub fn parse_with(file: &str, text: &str, include: &dyn Fn(&str) -> Result<(String, String), String>) -> Result<Vec<Case>, TestFileError> {
     let mut cases: Vec<Case> = Vec::new();
     let mut section = Section::None;
     for (i, raw) in text.lines().enumerate() {
@@ -138,7 +150,11 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<Case>, TestFileError> {
         let step = case.steps.last_mut();
         match (section, step) {
             (Section::Writes, Some(step)) => {
-                if let Some(key) = t.strip_prefix("- ") {
+                if let Some(path) = t.strip_prefix("include ") {
+                    let (name, facts) = include(path.trim()).map_err(err)?;
+                    let lines = factfile::parse(&name, &facts).map_err(|e| err(format!("{name}:{}: {}", e.line, e.message)))?;
+                    step.writes.extend(lines.into_iter().map(|f| (f.key, Some(f.value))));
+                } else if let Some(key) = t.strip_prefix("- ") {
                     step.writes.push((key.trim().to_string(), None));
                 } else {
                     let (k, v) = fact(file, line, t)?;
@@ -311,5 +327,15 @@ mod tests {
         assert_eq!(parse("t", "case x\ngiven\nexpect maybe\n").unwrap_err().line, 3);
         assert_eq!(parse("t", "case x\ngiven\nexpect count p = many\n").unwrap_err().line, 3);
         assert_eq!(parse("t", "case x\n").unwrap_err().line, 1);
+        assert_eq!(parse("t", "case x\ngiven\n  include no-such.facts\n").unwrap_err().line, 3);
+    }
+
+    #[test]
+    fn an_included_facts_file_is_part_of_its_step() {
+        let include =
+            |p: &str| if p == "nodes.facts" { Ok(("nodes.facts".to_string(), "# n\nn/1 = a\nn/2 = \"b c\"\n".to_string())) } else { Err(format!("no {p}")) };
+        let cases = parse_with("t.test", "case x\ngiven\n  include nodes.facts\n  m = 1\n", &include).unwrap();
+        let writes: Vec<_> = cases[0].steps[0].writes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+        assert_eq!(writes, [("n/1", Some("a")), ("n/2", Some("b c")), ("m", Some("1"))]);
     }
 }

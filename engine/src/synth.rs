@@ -1,5 +1,5 @@
-//! A synthetic, converged cluster for benchmarks: nodes with capacity, labels
-//! and leases; services with intents, requests, a probe and config; instances
+//! A synthetic, converged cluster for benchmarks: nodes with capacity, labels,
+//! leases and fresh heartbeats; services with intents, requests, a probe and config; instances
 //! placed within capacity, observed running and healthy.
 
 /// Sizes of the generated cluster.
@@ -52,6 +52,11 @@ pub fn instances_of(p: &Params, s: usize) -> usize {
     p.instances / p.services + usize::from(s < p.instances % p.services)
 }
 
+/// The cluster clock (`status/clock`) of the synthetic cluster, and every
+/// node's current heartbeat, first seen at that reading.
+pub const SYNTH_CLOCK: i64 = 1_000_000;
+pub const SYNTH_BEAT: i64 = 42;
+
 pub fn node_facts(n: usize, zones: usize) -> Vec<(String, String)> {
     let k = |f: &str| format!("observed/node/{}/{f}", node_name(n));
     vec![
@@ -59,6 +64,10 @@ pub fn node_facts(n: usize, zones: usize) -> Vec<(String, String)> {
         (k("memory"), NODE_MEMORY.to_string()),
         (k("address"), format!("10.{}.{}.{}", n / 65536, (n / 256) % 256, n % 256)),
         (k("alive"), format!("{}", 7_000_000 + n)),
+        (k("heartbeat"), SYNTH_BEAT.to_string()),
+        (k("ttl"), "30".into()),
+        // The controller saw this heartbeat at the cluster clock's current reading.
+        (format!("status/heartbeat/{}/{SYNTH_BEAT}", node_name(n)), SYNTH_CLOCK.to_string()),
         (k("label/zone"), format!("z{}", n % zones.max(1))),
         (k("label/rack"), format!("r{}", n / 40)),
     ]
@@ -76,7 +85,7 @@ pub fn unplaced(p: &Params) -> Vec<(String, String)> {
 }
 
 fn facts(p: &Params, placed: bool) -> Vec<(String, String)> {
-    let mut f = Vec::new();
+    let mut f = vec![("status/clock".to_string(), SYNTH_CLOCK.to_string())];
     for n in 0..p.nodes {
         f.extend(node_facts(n, p.zones));
     }
@@ -102,15 +111,15 @@ fn facts(p: &Params, placed: bool) -> Vec<(String, String)> {
             // far inside capacity.
             let node = node_name(next_node % p.nodes);
             next_node += 1;
-            let o = |field: &str| format!("observed/instance/{inst}/{field}");
-            f.push((format!("placement/instance/{inst}"), node.clone()));
+            let o = |field: &str| format!("observed/node/{node}/instance/{inst}/{field}");
             f.push((o("service"), name.clone()));
-            f.push((o("node"), node));
             f.push((o("state"), "running".into()));
+            f.push((o("health"), "healthy".into()));
             f.push((o("image"), "builtin:http".into()));
             f.push((o("ip"), "127.0.0.1".into()));
             f.push((o("port"), (20_000 + i % 40_000).to_string()));
-            f.push((format!("observed/probe_state/{inst}/readiness"), "healthy".into()));
+            f.push((format!("observed/node/{node}/probe_state/{inst}/readiness"), "healthy".into()));
+            f.push((format!("placement/instance/{inst}"), node));
         }
     }
     f

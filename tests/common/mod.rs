@@ -1,9 +1,11 @@
 //! Helpers shared by the end-to-end tests: the real etcd that `scripts/test`
-//! starts (CCATTLER_ETCD), real `ccattler` child processes, and waiting for
-//! a condition with a deadline.
+//! starts (CCATTLER_ETCD) with auth on (`ccattler auth bootstrap`; the
+//! credentials in CCATTLER_TEST_CREDENTIALS, the cluster key in
+//! CCATTLER_TEST_SECRET_KEY), real `ccattler` child processes each with its
+//! own etcd user, and waiting for a condition with a deadline.
 #![allow(dead_code)]
 
-use etcd_client::{Client, DeleteOptions, GetOptions};
+use etcd_client::{Client, ConnectOptions, DeleteOptions, GetOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -20,11 +22,52 @@ pub fn etcd_url() -> String {
     std::env::var("CCATTLER_ETCD").expect("CCATTLER_ETCD is set by scripts/test; run the tests through it")
 }
 
-/// A client on an empty store.
+fn test_env(var: &str) -> PathBuf {
+    PathBuf::from(std::env::var(var).unwrap_or_else(|_| panic!("{var} is set by scripts/test; run the tests through it")))
+}
+
+/// The credentials `scripts/test` bootstrapped the shared etcd with.
+pub fn credentials() -> PathBuf {
+    test_env("CCATTLER_TEST_CREDENTIALS")
+}
+
+/// The shared etcd's cluster secret key.
+pub fn secret_key() -> PathBuf {
+    test_env("CCATTLER_TEST_SECRET_KEY")
+}
+
+/// A client of `url` as `user` of the credentials file `creds`.
+pub async fn connect_as(url: &str, creds: &Path, user: &str) -> Client {
+    let password = ccattler_store::credentials::password(creds, user).expect("credentials");
+    let opts = ConnectOptions::new().with_user(user, password.as_str());
+    Client::connect([url], Some(opts)).await.unwrap_or_else(|e| panic!("connect to {url} as {user}: {e}"))
+}
+
+/// A root client on an empty store (auth, users and roles stay).
 pub async fn fresh_etcd() -> Client {
-    let mut c = Client::connect([etcd_url()], None).await.expect("connect to etcd");
+    let mut c = connect_as(&etcd_url(), &credentials(), "root").await;
     c.delete("\0", Some(DeleteOptions::new().with_from_key())).await.expect("wipe");
     c
+}
+
+/// Creates node `node`'s agent user on the etcd `root` is a client of, if it
+/// does not exist yet (its password goes to `creds`).
+pub async fn ensure_agent_user(root: &mut Client, creds: &Path, node: &str) {
+    let user = ccattler_store::auth::agent_user(node);
+    if !root.user_list().await.expect("user list").users().contains(&user) {
+        ccattler_store::auth::add_node(root, node, creds).await.expect("add-node");
+    }
+}
+
+/// `ccattler ARGS` as `user` of the shared etcd's credentials, from the repository root.
+pub fn ccattler_as(user: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("CCATTLER_CREDENTIALS", credentials())
+        .env("CCATTLER_AS", user)
+        .output()
+        .expect("run ccattler")
 }
 
 pub async fn get(c: &mut Client, key: &str) -> Option<String> {
@@ -82,12 +125,18 @@ pub struct Controller {
 }
 
 impl Controller {
+    /// On the shared etcd, as its `controller` user, with its cluster key.
     pub fn start(id: &str, rules: &Path) -> Controller {
+        Controller::start_on(&etcd_url(), &credentials(), &secret_key(), id, rules)
+    }
+
+    pub fn start_on(url: &str, creds: &Path, key: &Path, id: &str, rules: &Path) -> Controller {
         let port = free_port();
         let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("controller-{id}-{port}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_ccattler"))
             .args(["controller", "--rules", rules.to_str().unwrap(), "--id", id, "--leader-ttl", "2"])
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--etcd", &etcd_url()])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--etcd", url])
+            .args(["--credentials", creds.to_str().unwrap(), "--as", "controller", "--secret-key", key.to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -153,7 +202,9 @@ pub async fn settled(c: &Controller, etcd: &mut Client, within: Duration) {
 
 pub const T: Duration = Duration::from_secs(15);
 
-/// An etcd of a test's own, for tests that stop or restart it.
+/// An etcd of a test's own, for tests that stop or restart it; auth is
+/// bootstrapped on it at the first `client()` (credentials and cluster key
+/// in its directory).
 pub struct PrivateEtcd {
     pub child: Child,
     pub dir: PathBuf,
@@ -179,12 +230,29 @@ impl PrivateEtcd {
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
+    pub fn credentials(&self) -> PathBuf {
+        self.dir.join("credentials")
+    }
+    pub fn secret_key(&self) -> PathBuf {
+        self.dir.join("secret.key")
+    }
+    /// A root client, once etcd answers (bootstrapping auth the first time).
     pub async fn client(&self) -> Client {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Ok(mut c) = Client::connect([self.url()], None).await {
+            if self.credentials().exists() {
+                let password = ccattler_store::credentials::password(&self.credentials(), "root").expect("root credentials");
+                let opts = ConnectOptions::new().with_user("root", password.as_str());
+                if let Ok(mut c) = Client::connect([self.url()], Some(opts)).await {
+                    if c.get("x", None).await.is_ok() {
+                        return c;
+                    }
+                }
+            } else if let Ok(mut c) = Client::connect([self.url()], None).await {
                 if c.get("x", None).await.is_ok() {
-                    return c;
+                    ccattler_store::seal::ClusterKeys::create(&self.secret_key()).expect("cluster key");
+                    ccattler_store::auth::bootstrap(&mut c, &self.credentials()).await.expect("bootstrap");
+                    continue;
                 }
             }
             assert!(Instant::now() < deadline, "private etcd did not start");

@@ -1,10 +1,37 @@
-//! etcd access the controller needs: connect, a paginated snapshot at one
-//! revision, and fenced write-back transactions.
+//! etcd access: connect (with user and password or TLS), a paginated
+//! snapshot at one revision, watches that take etcd's large catch-up
+//! responses, and fenced compare-and-swap transactions.
 
-use crate::reconcile::{Held, Op, DERIVED_REVISION};
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, WatchOptions, WatchStream, Watcher};
 
 pub use etcd_client::Error as EtcdError;
+
+/// A key as etcd holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub value: String,
+    pub mod_revision: i64,
+    pub create_revision: i64,
+}
+
+/// One write, guarded by what etcd held when it was planned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// The key must not exist (`create_revision == 0`): never overwrites.
+    Create { key: String, value: String },
+    /// The key must still be at `mod_revision`.
+    Update { key: String, value: String, mod_revision: i64 },
+    /// The key must still be at `mod_revision`.
+    Delete { key: String, mod_revision: i64 },
+}
+
+impl Op {
+    pub fn key(&self) -> &str {
+        match self {
+            Op::Create { key, .. } | Op::Update { key, .. } | Op::Delete { key, .. } => key,
+        }
+    }
+}
 
 /// How to reach etcd.
 #[derive(Clone, Debug, Default)]
@@ -195,9 +222,10 @@ pub enum Written {
     Refused(i64),
 }
 
-/// Writes `ops` (at most max_txn_ops − 1 of them) in one transaction, fenced by
-/// leadership, with `status/derived_revision` = `derived`.
-pub async fn write(client: &mut Client, fence: &Fence, ops: &[Op], derived: u64) -> Result<Written, EtcdError> {
+/// Writes `ops` in one transaction, fenced by leadership, with the `stamp`
+/// key put beside them (the controller's `status/derived_revision`); at most
+/// max_txn_ops − 1 ops with a stamp.
+pub async fn write(client: &mut Client, fence: &Fence, ops: &[Op], stamp: Option<(&str, String)>) -> Result<Written, EtcdError> {
     let mut compares = vec![Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)];
     let mut then = Vec::new();
     for op in ops {
@@ -216,7 +244,9 @@ pub async fn write(client: &mut Client, fence: &Fence, ops: &[Op], derived: u64)
             }
         }
     }
-    then.push(TxnOp::put(DERIVED_REVISION, derived.to_string(), None));
+    if let Some((key, value)) = stamp {
+        then.push(TxnOp::put(key, value, None));
+    }
     let resp = client.txn(Txn::new().when(compares).and_then(then)).await?;
     let rev = resp.header().map_or(0, |h| h.revision());
     Ok(if resp.succeeded() { Written::Committed(rev) } else { Written::Refused(rev) })
