@@ -21,6 +21,6 @@ END {
   close(cmd)
   print ""
   printf "%-9s %-8s %-8s %-9s %-10s %s\n", "INSTANCE", "SERVICE", "NODE", "STATE", "READINESS", "ENDPOINT"
-  for (i in insts) printf "%-9s %-8s %-8s %-9s %-10s %s\n", i, insts[i], field("placement/instance/" i), field("observed/instance/" i "/state"), field("observed/probe_state/" i "/readiness"), field("endpoint/service/" insts[i] "/" i) | cmd
+  for (i in insts) printf "%-9s %-8s %-8s %-9s %-10s %s\n", i, insts[i], field("placement/instance/" i), field("effective/instance/" i "/state"), field("effective/instance/" i "/health"), field("endpoint/service/" insts[i] "/" i) | cmd
   close(cmd)
 }

@@ -735,7 +735,7 @@ fn apply(file: &std::path::Path, writer: &str, etcd: &EtcdArgs) -> anyhow::Resul
         return Ok(ExitCode::from(1));
     }
     let cfg = etcd.config()?;
-    let revision = runtime()?.block_on(async {
+    let written = runtime()?.block_on(async {
         let mut client = ccattler_store::etcd::connect(&cfg).await?;
         let mut last = 0;
         // 128 keys a transaction (etcd's default --max-txn-ops).
@@ -744,8 +744,17 @@ fn apply(file: &std::path::Path, writer: &str, etcd: &EtcdArgs) -> anyhow::Resul
             let resp = client.txn(etcd_client::Txn::new().and_then(ops)).await?;
             last = resp.header().map_or(0, |h| h.revision());
         }
-        anyhow::Ok(last)
-    })?;
+        Ok::<_, etcd_client::Error>(last)
+    });
+    let revision = match written {
+        Ok(rev) => rev,
+        Err(e) if ccattler_store::auth::is_permission_denied(&e) => {
+            let who = cfg.user.as_ref().map_or("this etcd user".to_string(), |(u, _)| format!("etcd user {u}"));
+            eprintln!("error: etcd refused the write: {who} may not write these keys (each user writes only its own prefixes, DESIGN §6); nothing written");
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(e.into()),
+    };
     println!("applied {} fact(s) from {} at revision {revision}", facts.len(), file.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -69,8 +69,7 @@ pub fn grants(role: &str) -> Option<Vec<(Range, Access)>> {
             g.extend(["desired/", "intent/user/", "secret/value/"].map(|s| (p(s), Write)));
             g
         }
-        // It reads back what it wrote, as the agent does under observed/node/N/.
-        AUTOSCALER => vec![(p("effective/"), Read), (p("observed/"), Read), (p("intent/autoscaler/"), ReadWrite)],
+        AUTOSCALER => vec![(p("effective/"), Read), (p("observed/"), Read), (p("intent/autoscaler/"), Write)],
         _ => {
             let node = role.strip_prefix("agent-").filter(|n| ccattler_parser::pattern::is_valid_name(n))?;
             let mut g: Vec<(Range, Access)> = ["placement/node/", "effective/node/", "secret/node/"].map(|s| (p(&format!("{s}{node}/")), Read)).to_vec();

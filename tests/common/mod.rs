@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use etcd_client::{Client, ConnectOptions, DeleteOptions, GetOptions};
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -272,5 +273,155 @@ impl Drop for PrivateEtcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+// --- The live cluster: agents and their instances --------------------------
+
+pub const TTL: u64 = 3;
+
+/// A `ccattler agent` child process; on drop it is killed, and so is every
+/// instance its state dir says it started (also after a kill -9).
+pub struct Agent {
+    pub child: Option<Child>,
+    pub node: String,
+    pub address: String,
+    pub args: Vec<String>,
+    pub state_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    pub fn start(root: &Path, n: usize, cpu: i64, memory: i64, labels: &[&str]) -> Agent {
+        Agent::start_on(&etcd_url(), &credentials(), root, n, cpu, memory, labels)
+    }
+
+    /// As user `agent-node-N` of `creds`, created (as root) if it does not exist.
+    pub fn start_on(etcd: &str, creds: &Path, root: &Path, n: usize, cpu: i64, memory: i64, labels: &[&str]) -> Agent {
+        let node = format!("node-{n}");
+        let add = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+            .args(["auth", "add-node", &node, "--etcd", etcd, "--credentials", creds.to_str().unwrap()])
+            .output()
+            .expect("auth add-node");
+        let err = String::from_utf8_lossy(&add.stderr);
+        assert!(add.status.success() || err.contains("already exists"), "auth add-node {node}: {err}");
+        let address = format!("127.0.0.{}", 10 + n);
+        let state_dir = root.join(&node);
+        let mut args: Vec<String> = ["agent", "--node", &node, "--address", &address, "--ttl", &TTL.to_string(), "--grace", "2", "--resync", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(["--cpu".into(), cpu.to_string(), "--memory".into(), memory.to_string()]);
+        args.extend(["--state-dir".into(), state_dir.display().to_string(), "--etcd".into(), etcd.to_string()]);
+        args.extend(["--credentials".into(), creds.display().to_string(), "--as".into(), format!("agent-{node}")]);
+        for l in labels {
+            args.extend(["--label".into(), l.to_string()]);
+        }
+        let log = root.join(format!("{node}.log"));
+        let mut a = Agent { child: None, node, address, args, state_dir, log };
+        a.spawn();
+        a
+    }
+
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ccattler")).args(&self.args).stdout(Stdio::null()).stderr(log).spawn().expect("start agent");
+        self.child = Some(child);
+    }
+
+    pub fn kill_9(&mut self) {
+        let mut c = self.child.take().expect("running");
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// SIGTERM; the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        terminate(&mut c, Duration::from_secs(15), &self.log)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for pid in recorded_pids(&self.state_dir) {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
+    }
+}
+
+/// Pids in an agent's instance records.
+pub fn recorded_pids(state_dir: &Path) -> Vec<u32> {
+    let Ok(dirs) = std::fs::read_dir(state_dir.join("instances")) else { return vec![] };
+    dirs.flatten()
+        .filter_map(|d| std::fs::read(d.path().join("record.json")).ok())
+        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()?["pid"].as_u64())
+        .map(|p| p as u32)
+        .collect()
+}
+
+/// Live `ccattler serve-http --instance I` processes, by instance.
+pub fn instance_processes() -> BTreeMap<String, Vec<u32>> {
+    let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> = cmd.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        if args.len() >= 4 && args[0] == env!("CARGO_BIN_EXE_ccattler") && args[1] == "serve-http" && args[2] == "--instance" {
+            out.entry(args[3].clone()).or_default().push(pid);
+        }
+    }
+    out
+}
+
+pub fn processes_of(service: &str) -> BTreeMap<String, Vec<u32>> {
+    instance_processes().into_iter().filter(|(i, _)| i.rsplit_once('-').is_some_and(|(s, _)| s == service)).collect()
+}
+
+/// `GET /` on `address`: the body, if it answers 200.
+pub fn http_get(address: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(address).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let (head, body) = resp.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?;
+    (status == "200").then(|| body.to_string())
+}
+
+/// `ccattler secret set NAME` as the user, the value on stdin.
+pub fn set_secret(name: &str, value: &str) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["secret", "set", name, "--secret-key", secret_key().to_str().unwrap(), "--etcd", &etcd_url()])
+        .args(["--credentials", credentials().to_str().unwrap(), "--as", "user"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(value.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "secret set: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+pub async fn endpoints(etcd: &mut Client, service: &str) -> BTreeMap<String, String> {
+    let p = format!("endpoint/service/{service}/");
+    keys(etcd, &p).await.into_iter().map(|(k, v)| (k[p.len()..].to_string(), v)).collect()
+}
+
+pub fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cluster-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub async fn put_facts(etcd: &mut Client, facts: &[(&str, &str)]) {
+    for (k, v) in facts {
+        etcd.put(*k, *v, None).await.unwrap();
     }
 }

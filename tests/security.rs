@@ -1,0 +1,269 @@
+//! The security boundary (DESIGN §6) against the real etcd of `scripts/test`
+//! with auth on: the role table cell by cell, and the attacks a compromised
+//! node agent would try — writing another node's facts, lying about an
+//! instance placed elsewhere, keeping a dead node's lease alive — and where
+//! a secret's plain value may appear (only in its instances' environment).
+
+mod common;
+use common::*;
+use etcd_client::{Client, GetOptions};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn denied(e: &etcd_client::Error) -> bool {
+    ccattler_store::auth::is_permission_denied(e)
+}
+
+/// Ok(true) allowed, Ok(false) refused by etcd's auth, Err anything else.
+fn allowed<T>(r: Result<T, etcd_client::Error>) -> Result<bool, String> {
+    match r {
+        Ok(_) => Ok(true),
+        Err(e) if denied(&e) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_cell_of_the_role_table_is_what_etcd_enforces() {
+    let _serial = serial();
+    let mut root = fresh_etcd().await;
+    for n in ["n1", "n2"] {
+        ensure_agent_user(&mut root, &credentials(), n).await;
+    }
+    let table = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/security/rbac.table")).unwrap();
+    let mut clients: std::collections::BTreeMap<String, Client> = Default::default();
+    let (mut cells, mut wrong) = (0, Vec::new());
+    for line in table.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [user, prefix, read, write] = f[..] else { panic!("bad table line {line:?}") };
+        if !clients.contains_key(user) {
+            clients.insert(user.to_string(), connect_as(&etcd_url(), &credentials(), user).await);
+        }
+        let c = clients.get_mut(user).unwrap();
+        let key = format!("{prefix}rbac-probe");
+        root.put(key.as_str(), "seeded", None).await.unwrap();
+        let got_read =
+            [allowed(c.get(key.as_str(), None).await), allowed(c.get(prefix, Some(GetOptions::new().with_prefix())).await), watch_allowed(c, prefix).await];
+        let got_write = [allowed(c.put(key.as_str(), "probe", None).await), allowed(c.delete(key.as_str(), None).await)];
+        let want = |s: &str| s == "yes";
+        for (what, got, expected) in [("get", &got_read[0], want(read)), ("range read", &got_read[1], want(read)), ("watch", &got_read[2], want(read))] {
+            match got {
+                Ok(g) if *g == expected => {}
+                other => wrong.push(format!("{user} {what} {prefix}: expected {}, got {other:?}", if expected { "allowed" } else { "denied" })),
+            }
+        }
+        for (what, got) in [("put", &got_write[0]), ("delete", &got_write[1])] {
+            match got {
+                Ok(g) if *g == want(write) => {}
+                other => wrong.push(format!("{user} {what} {prefix}: expected {}, got {other:?}", if want(write) { "allowed" } else { "denied" })),
+            }
+        }
+        cells += 1;
+    }
+    assert!(cells >= 50, "the table has {cells} lines");
+    assert!(wrong.is_empty(), "etcd does not enforce DESIGN's role table:\n{}", wrong.join("\n"));
+}
+
+/// Whether etcd lets `c` watch `prefix`: a refused watch is created and
+/// cancelled at once, with watch id -1.
+async fn watch_allowed(c: &mut Client, prefix: &str) -> Result<bool, String> {
+    match c.watch(prefix, Some(etcd_client::WatchOptions::new().with_prefix())).await {
+        Ok((w, _stream)) => Ok(w.watch_id() != -1),
+        Err(e) if denied(&e) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A controller and agents node-1 and node-2 on the shared etcd, a service
+/// `api` of one instance; returns the node it runs on and its endpoint.
+async fn one_instance(etcd: &mut Client, root: &Path) -> (Controller, Vec<Agent>, String, String) {
+    let c = Controller::start("security", &shipped_rules());
+    let agents: Vec<Agent> = (1..=2).map(|n| Agent::start(root, n, 1000, 1000, &[])).collect();
+    put_facts(etcd, &[("desired/service/api/image", "builtin:http"), ("intent/user/service/api/instances", "1")]).await;
+    wait_for("api-0 serves", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "api").await.get("api-0").is_some_and(|a| http_get(a).is_some()) }
+    })
+    .await;
+    let node = get(etcd, "placement/instance/api-0").await.unwrap();
+    let endpoint = endpoints(etcd, "api").await["api-0"].clone();
+    (c, agents, node, endpoint)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_report_is_refused_by_etcd_or_ignored_by_the_rules_and_changes_no_endpoint() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = scratch("forged");
+    let (_c, mut agents, placed_on, endpoint) = one_instance(&mut etcd, &dir).await;
+    let liar = agents.iter().position(|a| a.node != placed_on).unwrap();
+    let liar_node = agents[liar].node.clone();
+    // The liar's agent is compromised: its process is ours now, its credentials too.
+    agents[liar].kill_9();
+    let mut liar_client = connect_as(&etcd_url(), &credentials(), &format!("agent-{liar_node}")).await;
+
+    // Under the node the instance is placed on: etcd refuses.
+    let e = liar_client.put(format!("observed/node/{placed_on}/instance/api-0/state"), "crashed", None).await.unwrap_err();
+    assert!(denied(&e), "{e}");
+    let e = liar_client.put("desired/service/api/image", "exec:evil", None).await.unwrap_err();
+    assert!(denied(&e), "{e}");
+
+    // Under its own node: etcd allows it, the rules ignore it.
+    let lie = format!("observed/node/{liar_node}/");
+    for (k, v) in [("instance/api-0/state", "running"), ("instance/api-0/health", "healthy"), ("instance/api-0/ip", "127.0.0.99"), ("instance/api-0/port", "1")]
+    {
+        liar_client.put(format!("{lie}{k}"), v, None).await.unwrap();
+    }
+    liar_client.put(format!("{lie}probe_state/api-0/readiness"), "healthy", None).await.unwrap();
+    let ignored = format!("status/ignored/node/{liar_node}/instance/api-0");
+    wait_for("the lie recorded as ignored", T, || {
+        let mut e = etcd.clone();
+        let k = ignored.clone();
+        async move { get(&mut e, &k).await.is_some() }
+    })
+    .await;
+    assert_eq!(get(&mut etcd, &ignored).await.unwrap(), format!("the instance is placed on {placed_on}"));
+    assert_eq!(endpoints(&mut etcd, "api").await, [("api-0".to_string(), endpoint)].into());
+    assert_eq!(get(&mut etcd, "effective/instance/api-0/node").await, Some(placed_on.clone()));
+    // `explain` says why the lie does not count.
+    let asked = format!("effective/instance/api-0/node={liar_node}");
+    let out = ccattler_as("user", &["explain", &asked, "--why-not", "--etcd", &etcd_url()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("✗ placement(\"api-0\", \"{liar_node}\")")), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_whose_lease_another_agent_keeps_alive_still_fails_over() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = scratch("forged-liveness");
+    let (_c, mut agents, dead, _) = one_instance(&mut etcd, &dir).await;
+    let victim = agents.iter().position(|a| a.node == dead).unwrap();
+    let attacker_node = agents[1 - victim].node.clone();
+    let attacker = connect_as(&etcd_url(), &credentials(), &format!("agent-{attacker_node}")).await;
+    agents[victim].kill_9();
+    let killed = Instant::now();
+
+    // The attack: any etcd user may list every lease and keep it alive.
+    let mut keeper = attacker.clone();
+    let attack = tokio::spawn(async move {
+        let mut kept = std::collections::BTreeMap::new();
+        loop {
+            for l in keeper.leases().await.expect("list leases").leases() {
+                if let std::collections::btree_map::Entry::Vacant(v) = kept.entry(l.id()) {
+                    v.insert(keeper.lease_keep_alive(l.id()).await.expect("keep alive"));
+                }
+            }
+            for (k, _) in kept.values_mut() {
+                let _ = k.keep_alive().await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    wait_for("api-0 moves off the dead node", Duration::from_secs(TTL + 3), || {
+        let mut e = etcd.clone();
+        let dead = dead.clone();
+        async move { get(&mut e, "placement/instance/api-0").await.is_some_and(|n| n != dead) }
+    })
+    .await;
+    let moved = killed.elapsed();
+    // The lease was kept alive all along: `alive` alone would still say ready.
+    assert!(get(&mut etcd, &format!("observed/node/{dead}/alive")).await.is_some(), "the attack did not keep the lease alive");
+    assert_eq!(get(&mut etcd, &format!("effective/node/{dead}/state")).await.as_deref(), Some("unreachable"));
+    attack.abort();
+    eprintln!("api-0 moved {moved:?} after its node died, its lease kept alive by {attacker_node}");
+}
+
+/// Every regular file below `dir`, recursively.
+fn files_below(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            files_below(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+/// Where `needle` occurs: etcd keys and values, files below `dirs`, logs.
+async fn find_plain(etcd: &mut Client, needle: &str, dirs: &[&Path], logs: &[String]) -> Vec<String> {
+    let mut hits = Vec::new();
+    let all = etcd.get("\0", Some(GetOptions::new().with_from_key())).await.unwrap();
+    for kv in all.kvs() {
+        let (k, v) = (String::from_utf8_lossy(kv.key()), String::from_utf8_lossy(kv.value()));
+        if k.contains(needle) || v.contains(needle) {
+            hits.push(format!("etcd {k}"));
+        }
+    }
+    let mut files = Vec::new();
+    for d in dirs {
+        files_below(d, &mut files);
+    }
+    for f in files {
+        if std::fs::read(&f).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+            hits.push(format!("file {}", f.display()));
+        }
+    }
+    for (i, log) in logs.iter().enumerate() {
+        if log.contains(needle) {
+            hits.push(format!("log #{i}"));
+        }
+    }
+    hits
+}
+
+fn environ(pid: u32) -> std::collections::BTreeMap<String, String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    raw.split(|b| *b == 0).filter_map(|kv| String::from_utf8_lossy(kv).split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_is_plain_only_in_its_instances_environment_and_a_new_value_reaches_them() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = scratch("secret-scan");
+    let c = Controller::start("secrets", &shipped_rules());
+    let agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&dir, n, 1000, 1000, &[])).collect();
+    let (first, second) = ("plain-needle-7f3a9c", "plain-needle-rotated-41d2");
+    set_secret("db-pass", first);
+    put_facts(&mut etcd, &[("desired/service/db/image", "builtin:http"), ("desired/secret_grant/db/db-pass", ""), ("intent/user/service/db/instances", "2")])
+        .await;
+    wait_for("db's two instances run with the secret", T, || async {
+        let p = processes_of("db");
+        p.len() == 2 && p.values().all(|pids| pids.len() == 1 && environ(pids[0]).get("SECRET_DB_PASS").map(String::as_str) == Some(first))
+    })
+    .await;
+    let before = processes_of("db");
+    let logs = |c: &Controller, agents: &[Agent]| -> Vec<String> {
+        std::iter::once(c.log()).chain(agents.iter().map(|a| std::fs::read_to_string(&a.log).unwrap_or_default())).collect()
+    };
+    let state_dirs: Vec<&Path> = agents.iter().map(|a| a.state_dir.as_path()).collect();
+    let hits = find_plain(&mut etcd, first, &state_dirs, &logs(&c, &agents)).await;
+    assert!(hits.is_empty(), "the plain value leaked: {hits:?}");
+    // Only nodes running an instance granted it hold a sealed copy.
+    let sealed: Vec<String> = keys(&mut etcd, "secret/node/").await.into_iter().map(|(k, _)| k).collect();
+    let running_on: std::collections::BTreeSet<String> = keys(&mut etcd, "placement/instance/").await.into_iter().map(|(_, n)| n).collect();
+    assert_eq!(sealed, running_on.iter().map(|n| format!("secret/node/{n}/db-pass")).collect::<Vec<_>>());
+
+    // A new value: the instances restart with it, and it leaks nowhere either.
+    set_secret("db-pass", second);
+    wait_for("db's instances restarted with the new value", T, || async {
+        let p = processes_of("db");
+        p.len() == 2
+            && p.iter()
+                .all(|(i, pids)| pids.len() == 1 && pids[0] != before[i][0] && environ(pids[0]).get("SECRET_DB_PASS").map(String::as_str) == Some(second))
+    })
+    .await;
+    let hits = find_plain(&mut etcd, second, &state_dirs, &logs(&c, &agents)).await;
+    assert!(hits.is_empty(), "the new plain value leaked: {hits:?}");
+
+    // Scaled to zero: no node holds a copy any more.
+    etcd.put("intent/user/service/db/instances", "0", None).await.unwrap();
+    wait_for("the sealed copies are deleted", T, || {
+        let mut e = etcd.clone();
+        async move { keys(&mut e, "secret/node/").await.is_empty() }
+    })
+    .await;
+}
