@@ -317,8 +317,8 @@ enum SecretAction {
         etcd: EtcdArgs,
     },
     /// Seals every value again with the first key of --secret-key (after a
-    /// new key was put first in the file). Reads `secret/value/`: runs as
-    /// the controller or root.
+    /// new key was put first in the file). Reads and writes `secret/value/`:
+    /// runs as root.
     Reseal {
         #[arg(long, env = "CCATTLER_SECRET_KEY")]
         secret_key: PathBuf,

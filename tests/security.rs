@@ -267,3 +267,90 @@ async fn a_secret_is_plain_only_in_its_instances_environment_and_a_new_value_rea
     })
     .await;
 }
+
+fn cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ccattler")).args(args).output().expect("run ccattler")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bootstrap_once_then_add_rotate_and_remove_a_node_and_reseal_under_a_new_key() {
+    let _serial = serial();
+    let dir = fresh_dir("auth-commands");
+    let etcd = PrivateEtcd::start(dir.clone(), free_port(), free_port());
+    let url = etcd.url();
+    let (creds, key) = (etcd.credentials(), etcd.secret_key());
+    let (c, k) = (creds.to_str().unwrap(), key.to_str().unwrap());
+    // Wait until it answers (without auth yet).
+    wait_for("etcd answers", T, || {
+        let url = url.clone();
+        async move {
+            match etcd_client::Client::connect([url], None).await {
+                Ok(mut c) => c.get("x", None).await.is_ok(),
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
+    let out = cli(&["auth", "bootstrap", "--etcd", &url, "--credentials", c, "--secret-key", k]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&creds).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+    let printed = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    for (name, pw) in ccattler_store::credentials::read_all(&creds).unwrap() {
+        assert!(!printed.contains(pw.as_str()), "{name}'s password was printed");
+    }
+    let again = cli(&["auth", "bootstrap", "--etcd", &url, "--credentials", c]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("auth is already enabled"), "{}", String::from_utf8_lossy(&again.stderr));
+
+    // add-node, then the node's user works; rotate: the old password stops working.
+    assert!(cli(&["auth", "add-node", "n9", "--etcd", &url, "--credentials", c]).status.success());
+    let old = ccattler_store::credentials::password(&creds, "agent-n9").unwrap();
+    let try_as = |pw: String| {
+        let url = url.clone();
+        async move {
+            let opts = etcd_client::ConnectOptions::new().with_user("agent-n9", pw);
+            match etcd_client::Client::connect([url], Some(opts)).await {
+                Ok(mut cl) => cl.put("observed/node/n9/cpu", "1", None).await.is_ok(),
+                Err(_) => false,
+            }
+        }
+    };
+    assert!(try_as(old.to_string()).await);
+    let out = cli(&["auth", "rotate", "agent-n9", "--etcd", &url, "--credentials", c]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let new = ccattler_store::credentials::password(&creds, "agent-n9").unwrap();
+    assert_ne!(*old, *new);
+    assert!(!try_as(old.to_string()).await, "the old password still works");
+    assert!(try_as(new.to_string()).await);
+    assert!(!cli(&["auth", "add-node", "n9", "--etcd", &url, "--credentials", c]).status.success(), "a second add-node");
+    assert!(!cli(&["auth", "add-node", "../x", "--etcd", &url, "--credentials", c]).status.success(), "a name with a slash");
+    let out = cli(&["auth", "remove-node", "n9", "--etcd", &url, "--credentials", c]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!try_as(new.to_string()).await, "a removed node's user still works");
+
+    // A secret sealed under the first key; a new key put first; reseal as root.
+    let mut set = std::process::Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["secret", "set", "db", "--etcd", &url, "--credentials", c, "--as", "user", "--secret-key", k])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut set.stdin.take().unwrap(), b"v1").unwrap();
+    assert!(set.wait().unwrap().success());
+    let first_id = ccattler_store::seal::ClusterKeys::load(&key).unwrap().current_id().to_string();
+    let new_key = dir.join("new.key");
+    ccattler_store::seal::ClusterKeys::create(&new_key).unwrap();
+    let both = dir.join("both.key");
+    std::fs::write(&both, std::fs::read_to_string(&new_key).unwrap() + &std::fs::read_to_string(&key).unwrap()).unwrap();
+    std::fs::set_permissions(&both, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let as_user = cli(&["secret", "reseal", "--etcd", &url, "--credentials", c, "--as", "user", "--secret-key", both.to_str().unwrap()]);
+    assert!(!as_user.status.success(), "the user cannot read secret values");
+    let out = cli(&["secret", "reseal", "--etcd", &url, "--credentials", c, "--as", "root", "--secret-key", both.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut root = etcd.client().await;
+    let sealed = get(&mut root, "secret/value/db").await.unwrap();
+    let new_only = ccattler_store::seal::ClusterKeys::load(&new_key).unwrap();
+    assert_ne!(ccattler_store::seal::ClusterKeys::sealed_with(&sealed), Some(first_id.as_str()));
+    assert_eq!(new_only.open("db", &sealed).unwrap().as_slice(), b"v1", "the new key alone opens it");
+}
