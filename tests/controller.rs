@@ -145,8 +145,9 @@ async fn sighup_with_broken_rules_keeps_the_old_rules_and_good_rules_replace_the
     let _serial = serial();
     let mut etcd = fresh_etcd().await;
     let dir = fresh_dir("sighup-rules");
-    let intent = std::fs::read_to_string(shipped_rules().join("intent.rules")).unwrap();
-    std::fs::write(dir.join("intent.rules"), &intent).unwrap();
+    for file in ["intent.rules", "types.rules"] {
+        std::fs::copy(shipped_rules().join(file), dir.join(file)).unwrap();
+    }
     etcd.put("intent/user/service/web/instances", "2", None).await.unwrap();
     let c = Controller::start("a", &dir);
     settled(&c, &mut etcd, T).await;

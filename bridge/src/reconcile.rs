@@ -16,7 +16,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 /// Rejected input facts are recorded under this prefix (`status/rejected/<key>`).
-pub const REJECTED: &str = "status/rejected/";
+pub use ccattler_engine::facts::REJECTED;
 /// Conflicting output keys are recorded under this prefix.
 pub const CONFLICT: &str = "status/conflict/";
 /// The revision the outputs were last derived from; written with every write-back.

@@ -11,6 +11,10 @@ use std::collections::{BTreeMap, HashMap};
 /// Values larger than this are rejected.
 pub const MAX_VALUE_BYTES: usize = 1 << 20;
 
+/// A rejected input key `K` is recorded as `status/rejected/K` (its value:
+/// why). Rules may read these records like any other input.
+pub const REJECTED: &str = "status/rejected/";
+
 /// Why an input fact was not accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejection {
@@ -33,7 +37,7 @@ pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, R
         let mut row = Vec::with_capacity(r.arity());
         for (i, col) in r.columns.iter().enumerate() {
             let text = parts[i].unwrap_or(value);
-            let v = Value::parse(col.ty, text).map_err(|e| {
+            let v = Value::parse_column(col, text).map_err(|e| {
                 let what = if Some(i) == pattern.value_column { "value".to_string() } else { format!("key segment `{}`", col.name) };
                 reject(format!("{what} of `{}`: {e}", r.name))
             })?;
@@ -49,7 +53,7 @@ pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, R
 fn decode_one(program: &Program, rel: RelId, key: &str, value: &str) -> Option<Row> {
     let r = &program.relations[rel];
     let parts = r.pattern.as_ref()?.match_key(key)?;
-    r.columns.iter().enumerate().map(|(i, col)| Value::parse(col.ty, parts[i].unwrap_or(value)).ok()).collect()
+    r.columns.iter().enumerate().map(|(i, col)| Value::parse_column(col, parts[i].unwrap_or(value)).ok()).collect()
 }
 
 /// One stored fact: its value and the revision it was last written at. (Its
@@ -69,7 +73,17 @@ pub struct InputFacts {
 
 impl InputFacts {
     /// Records `key = value` at `rev`; returns the tuple changes it causes.
+    ///
+    /// A rejected key's record `status/rejected/KEY = reason` enters the
+    /// input relations whose patterns match it in the same revision as the
+    /// rejection (rules can act on a rejected value at once, e.g. keep the
+    /// last good one), decoded from the rejection itself and kept among the
+    /// facts (at the rejected put's revision): the record etcd holds (the
+    /// controller writes it back) is not read again.
     pub fn put(&mut self, program: &Program, key: &str, value: &str, rev: u64, out: &mut Vec<Change>) {
+        if key.starts_with(REJECTED) {
+            return;
+        }
         let decoded = decode(program, key, value);
         self.remove(program, key, out);
         match decoded {
@@ -79,17 +93,32 @@ impl InputFacts {
                 self.facts.insert(key.to_string(), Fact { value: value.to_string(), mod_revision: rev });
             }
             Err(r) => {
+                let record = format!("{REJECTED}{key}");
+                let tuples = decode(program, &record, &r.reason).unwrap_or_default();
+                if !tuples.is_empty() {
+                    out.extend(tuples.into_iter().map(|(rel, row)| (rel, row, 1)));
+                    self.facts.insert(record, Fact { value: r.reason.clone(), mod_revision: rev });
+                }
                 self.rejected.insert(r.key, r.reason);
             }
         }
     }
 
     pub fn delete(&mut self, program: &Program, key: &str, out: &mut Vec<Change>) {
+        if key.starts_with(REJECTED) {
+            return; // a record: it follows the rejection, not etcd
+        }
         self.remove(program, key, out);
     }
 
     fn remove(&mut self, program: &Program, key: &str, out: &mut Vec<Change>) {
-        self.rejected.remove(key);
+        if self.rejected.remove(key).is_some() {
+            // Its record's tuples leave with it.
+            let record = format!("{REJECTED}{key}");
+            if let Some(old) = self.facts.remove(&record) {
+                out.extend(decode(program, &record, &old.value).unwrap_or_default().into_iter().map(|(rel, row)| (rel, row, -1)));
+            }
+        }
         if let Some(old) = self.facts.remove(key) {
             // It decoded when it was stored, and decoding is deterministic.
             let tuples = decode(program, key, &old.value).unwrap_or_default();

@@ -2,7 +2,7 @@
 //! the write-back loop, run to a fixed point. `eval`, `test` and `explain
 //! --facts` use it, so offline results are the controller's results.
 
-use crate::facts::{is_output_key, Conflict, InputFacts, OutputFacts};
+use crate::facts::{is_output_key, Conflict, InputFacts, OutputFacts, REJECTED};
 use crate::runtime::{Engine, EngineError};
 use ccattler_parser::program::Program;
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,6 +26,9 @@ pub struct Session {
     engine: Engine,
     /// What the simulated store holds under output patterns.
     stored_outputs: BTreeMap<String, String>,
+    /// The rejection records it holds (`status/rejected/K`), written back
+    /// as the controller writes them.
+    stored_records: BTreeMap<String, String>,
     pub inputs: InputFacts,
     pub outputs: OutputFacts,
     rev: u64,
@@ -41,6 +44,7 @@ impl Session {
         Ok(Session {
             engine: Engine::start(program, workers)?,
             stored_outputs: BTreeMap::new(),
+            stored_records: BTreeMap::new(),
             inputs: InputFacts::default(),
             outputs: OutputFacts::default(),
             rev: 0,
@@ -88,6 +92,8 @@ impl Session {
             self.inputs.put(&program, key, value, *mod_revision, &mut changes);
             if is_output_key(&program, key) {
                 self.stored_outputs.insert(key.clone(), value.clone());
+            } else if key.starts_with(REJECTED) {
+                self.stored_records.insert(key.clone(), value.clone());
             }
         }
         let diffs = self.engine.apply(self.rev, changes)?;
@@ -119,6 +125,11 @@ impl Session {
                     None => self.stored_outputs.remove(key),
                 };
                 dirty.insert(key.clone());
+            } else if key.starts_with(REJECTED) {
+                match value {
+                    Some(v) => self.stored_records.insert(key.clone(), v.clone()),
+                    None => self.stored_records.remove(key),
+                };
             }
         }
         let diffs = self.engine.apply(rev, changes)?;
@@ -131,6 +142,18 @@ impl Session {
     /// derives (a conflicted key is left as it is).
     fn reconcile(&self, keys: &BTreeSet<String>) -> Vec<Write> {
         let mut writes = Vec::new();
+        // Rejection records, as the controller keeps them (there are few).
+        for (key, why) in &self.inputs.rejected {
+            let record = format!("{REJECTED}{key}");
+            if self.stored_records.get(&record) != Some(why) {
+                writes.push((record, Some(why.clone())));
+            }
+        }
+        for record in self.stored_records.keys() {
+            if !self.inputs.rejected.contains_key(&record[REJECTED.len()..]) {
+                writes.push((record.clone(), None));
+            }
+        }
         for k in keys {
             let stored = self.stored_outputs.get(k);
             match self.outputs.resolved.get(k) {

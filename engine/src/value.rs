@@ -91,6 +91,19 @@ impl Value {
             Value::Str(_) => None,
         }
     }
+    /// Parses the text of a key segment or value into a column: its type,
+    /// then its named type's refinement (a range, a set of values), if any.
+    pub fn parse_column(col: &ccattler_parser::program::ColumnDef, text: &str) -> Result<Value, String> {
+        let v = Value::parse(col.ty, text)?;
+        if let Some(c) = &col.constraint {
+            match v {
+                Value::Int(n) => c.check_int(n)?,
+                Value::Str(s) => c.check_text(s.as_str())?,
+            }
+        }
+        Ok(v)
+    }
+
     /// Parses the text of a key segment or value into a column's type.
     pub fn parse(ty: Type, text: &str) -> Result<Value, String> {
         match ty {

@@ -48,8 +48,32 @@ pub enum DeclKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Column {
     pub name: Ident,
+    /// The base type; for a named type (`bool`, or one declared with
+    /// `type`), what the checker resolves it to (`string` until then).
     pub ty: Type,
     pub ty_span: Span,
+    /// `bool` or a declared type's name, when the column is not a plain
+    /// `string`, `name` or `int`.
+    pub ty_name: Option<String>,
+}
+
+/// `type NAME = int in LO..=HI`, `type NAME = int in LO..`, or
+/// `type NAME = "a" | "b" | …`: a refinement of `int` or of `string` that
+/// inputs are checked against and constants must fit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeDecl {
+    pub name: Ident,
+    pub def: TypeDef,
+    pub doc: Option<String>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TypeDef {
+    /// An int in `lo..=hi` (or `lo..`: no upper bound).
+    IntRange { lo: i64, hi: Option<i64> },
+    /// One of these strings.
+    Enum(Vec<(String, Span)>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +85,8 @@ pub struct Decl {
     pub pattern: Option<(String, Span)>,
     /// `relation r(…) = assign(a, b, c, d, e)`: computed by a built-in, not by rules.
     pub builtin: Option<BuiltinCall>,
+    /// The `///` comment lines right above the declaration, joined.
+    pub doc: Option<String>,
     pub span: Span,
 }
 
@@ -237,6 +263,7 @@ pub struct Rule {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Item {
     Decl(Decl),
+    Type(TypeDecl),
     Rule(Rule),
 }
 
@@ -249,4 +276,4 @@ pub struct File {
 /// Words that cannot name a relation or a variable.
 /// (Type names, `from`/`to` and aggregate names are recognised by position only,
 /// so `count` or `name` can still name a column or a variable.)
-pub const KEYWORDS: &[&str] = &["input", "output", "relation", "not", "in"];
+pub const KEYWORDS: &[&str] = &["input", "output", "relation", "type", "not", "in", "true", "false"];

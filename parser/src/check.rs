@@ -7,6 +7,7 @@ use crate::pattern::KeyPattern;
 use crate::program::*;
 use crate::source::{Sources, Span};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// The built-in's call, as help texts show it.
 const ASSIGN_CALL: &str = "assign(pending, offer, spread, restricted, allowed)";
@@ -17,7 +18,15 @@ const ASSIGN_CALL: &str = "assign(pending, offer, spread, restricted, allowed)";
 /// `complete` is false when some statements did not parse: usage checks
 /// (underived outputs, unused inputs) would then be misleading and are skipped.
 pub fn check(sources: Sources, files: &[ast::File], complete: bool) -> (Option<Program>, Vec<Diagnostic>) {
-    let mut cx = Checker { diags: Vec::new(), relations: Vec::new(), by_name: HashMap::new(), rules: Vec::new() };
+    let mut cx = Checker { diags: Vec::new(), relations: Vec::new(), by_name: HashMap::new(), rules: Vec::new(), types: HashMap::new() };
+    cx.types.insert("bool".into(), (Type::String, Arc::new(Constraint::bool()), None));
+    for file in files {
+        for item in &file.items {
+            if let ast::Item::Type(t) = item {
+                cx.declare_type(t);
+            }
+        }
+    }
     for file in files {
         for item in &file.items {
             if let ast::Item::Decl(d) = item {
@@ -54,6 +63,8 @@ struct Checker {
     relations: Vec<Relation>,
     by_name: HashMap<String, RelId>,
     rules: Vec<Rule>,
+    /// Named types: `bool` and those declared with `type` (with where).
+    types: HashMap<String, (Type, Arc<Constraint>, Option<Span>)>,
 }
 
 /// Variable scope of one rule while it is checked.
@@ -61,6 +72,8 @@ struct Checker {
 struct Vars {
     names: Vec<String>,
     types: Vec<Option<Type>>,
+    /// The named type of the column that first bound each variable, if any.
+    constraints: Vec<Option<Arc<Constraint>>>,
     /// Where each variable first appears.
     spans: Vec<Span>,
 }
@@ -72,6 +85,7 @@ impl Vars {
         }
         self.names.push(name.to_string());
         self.types.push(None);
+        self.constraints.push(None);
         self.spans.push(span);
         self.names.len() - 1
     }
@@ -80,6 +94,82 @@ impl Vars {
 impl Checker {
     fn error(&mut self, d: Diagnostic) {
         self.diags.push(d);
+    }
+
+    /// `type NAME = …`: a refinement columns can name.
+    fn declare_type(&mut self, t: &ast::TypeDecl) {
+        let name = &t.name.name;
+        if ["string", "name", "int"].contains(&name.as_str()) || self.types.contains_key(name) {
+            let mut d = Diagnostic::error("duplicate-type", t.name.span, format!("type `{name}` is already defined")).with_help("give the type another name");
+            if let Some(Some(prev)) = self.types.get(name).map(|(_, _, s)| *s) {
+                d = d.with_note(prev, "first defined here");
+            }
+            self.error(d);
+            return;
+        }
+        let (ty, kind) = match &t.def {
+            ast::TypeDef::IntRange { lo, hi } => {
+                if hi.is_some_and(|h| h < *lo) {
+                    self.error(
+                        Diagnostic::error("empty-type", t.span, format!("type `{name}` admits no value: {lo}..={} is empty", hi.unwrap_or_default()))
+                            .with_help("write the smaller bound first: `int in LO..=HI` with LO ≤ HI"),
+                    );
+                    return;
+                }
+                (Type::Int, ConstraintKind::IntRange { lo: *lo, hi: *hi })
+            }
+            ast::TypeDef::Enum(values) => {
+                let mut seen: HashMap<&str, Span> = HashMap::new();
+                for (v, span) in values {
+                    if let Some(prev) = seen.insert(v, *span) {
+                        self.error(
+                            Diagnostic::error("duplicate-value", *span, format!("{v:?} appears twice in type `{name}`"))
+                                .with_note(prev, "first here")
+                                .with_help("list every value once"),
+                        );
+                    }
+                }
+                (Type::String, ConstraintKind::Enum(values.iter().map(|(v, _)| v.clone()).collect()))
+            }
+        };
+        self.types.insert(name.clone(), (ty, Arc::new(Constraint { name: name.clone(), kind }), Some(t.span)));
+    }
+
+    /// A column's base type and refinement.
+    fn column_type(&mut self, c: &ast::Column) -> (Type, Option<Arc<Constraint>>) {
+        let Some(name) = &c.ty_name else { return (c.ty, None) };
+        if let Some((ty, constraint, _)) = self.types.get(name) {
+            return (*ty, Some(constraint.clone()));
+        }
+        let mut known: Vec<&str> = self.types.keys().map(String::as_str).chain(["string", "name", "int"]).collect();
+        known.sort();
+        let near = known.iter().map(|k| (edit_distance(k, name), *k)).filter(|(d, k)| *d <= 2.max(k.len() / 4)).min().map(|(_, k)| k);
+        let help = match near {
+            Some(k) => format!("did you mean `{k}`?"),
+            None => format!("the types are {}; declare others with `type {name} = int in LO..=HI` or `type {name} = \"a\" | \"b\"`", known.join(", ")),
+        };
+        self.error(Diagnostic::error("unknown-type", c.ty_span, format!("unknown type `{name}`")).with_help(help));
+        (Type::String, None)
+    }
+
+    /// A constant where a named type is expected: it must fit, or the
+    /// literal can never match (a typo in a state or a flag).
+    fn check_constant(&mut self, c: &Const, constraint: &Option<Arc<Constraint>>, span: Span, what: &str) {
+        let Some(constraint) = constraint else { return };
+        if let Err(why) = constraint.check_const(c) {
+            let mut d = Diagnostic::error("constant-type", span, format!("{why}, but {what} is a {}", constraint.name));
+            d = match (&constraint.kind, c) {
+                (ConstraintKind::Enum(values), Const::Str(s)) => {
+                    match values.iter().map(|v| (edit_distance(v, s), v)).filter(|(dist, v)| *dist <= 2.max(v.len() / 3)).min() {
+                        Some((_, v)) => d.with_help(format!("did you mean {v:?}?")),
+                        None if constraint.name == "bool" => d.with_help("write `true` or `false` (no quotes needed)"),
+                        None => d.with_help(format!("use one of {}", constraint.describe())),
+                    }
+                }
+                _ => d.with_help(format!("use an {}", constraint.describe())),
+            };
+            self.error(d);
+        }
     }
 
     fn declare(&mut self, d: &ast::Decl) {
@@ -116,16 +206,17 @@ impl Checker {
                 }
             },
         };
+        let columns = d
+            .columns
+            .iter()
+            .map(|c| {
+                let (ty, constraint) = self.column_type(c);
+                ColumnDef { name: c.name.name.clone(), ty, constraint }
+            })
+            .collect();
         let id = self.relations.len();
         self.by_name.insert(d.name.name.clone(), id);
-        self.relations.push(Relation {
-            name: d.name.name.clone(),
-            kind: d.kind,
-            columns: d.columns.iter().map(|c| ColumnDef { name: c.name.name.clone(), ty: c.ty }).collect(),
-            pattern,
-            builtin: None,
-            span: d.span,
-        });
+        self.relations.push(Relation { name: d.name.name.clone(), kind: d.kind, columns, pattern, builtin: None, doc: d.doc.clone(), span: d.span });
     }
 
     /// Resolves `relation r(…) = assign(pending, offer, spread, restricted, allowed)` and checks
@@ -266,10 +357,14 @@ impl Checker {
                     let mut args = Vec::new();
                     for (i, e) in a.args.iter().enumerate() {
                         let col_ty = self.relations[rel].columns[i].ty;
+                        let constraint = self.relations[rel].columns[i].constraint.clone();
                         let term = match &e.kind {
                             ExprKind::Wildcard => Term::Wildcard,
                             ExprKind::Var(v) => {
                                 let slot = vars.slot(v, e.span);
+                                if vars.constraints[slot].is_none() {
+                                    vars.constraints[slot] = constraint;
+                                }
                                 self.unify_var(
                                     &mut vars,
                                     slot,
@@ -281,8 +376,11 @@ impl Checker {
                             }
                             ExprKind::Lit(l) => {
                                 let (c, ty) = lit_const(l);
+                                let what = format!("column `{}` of `{}`", self.relations[rel].columns[i].name, a.relation.name);
                                 if !ty.compatible(col_ty) {
-                                    self.type_error(e.span, col_ty, ty, &format!("column `{}` of `{}`", self.relations[rel].columns[i].name, a.relation.name));
+                                    self.type_error(e.span, col_ty, ty, &what);
+                                } else {
+                                    self.check_constant(&c, &constraint, e.span, &what);
                                 }
                                 Term::Const(c)
                             }
@@ -434,6 +532,7 @@ impl Checker {
         let mut head_terms = Vec::new();
         for (i, t) in r.head_terms.iter().enumerate() {
             let col_ty = head.and_then(|h| self.relations[h].columns.get(i).map(|c| c.ty));
+            let constraint = head.and_then(|h| self.relations[h].columns.get(i).and_then(|c| c.constraint.clone()));
             let what = head.and_then(|h| self.relations[h].columns.get(i).map(|c| format!("column `{}` of `{}`", c.name, self.relations[h].name)));
             match t {
                 ast::HeadTerm::Expr(e) => {
@@ -442,6 +541,8 @@ impl Checker {
                     if let (Some(col), Some(ty), Some(w)) = (col_ty, ty, &what) {
                         if !col.compatible(ty) {
                             self.type_error(e.span, col, ty, w);
+                        } else if let Expr::Const(c) = &ir {
+                            self.check_constant(c, &constraint, e.span, w);
                         }
                     }
                     head_terms.push(HeadTerm::Expr(ir));
@@ -570,6 +671,15 @@ impl Checker {
                         Diagnostic::error("type", lhs.span.to(rhs.span), format!("cannot compare {} with {}", a.keyword(), b.keyword()))
                             .with_help("compare values of one type; `++` turns an int into text"),
                     );
+                } else if matches!(op, CmpOp::Eq | CmpOp::Ne) {
+                    // `state = "runing"` with `state` from a column of a named type.
+                    for (var, other, span) in [(&l, &r, rhs.span), (&r, &l, lhs.span)] {
+                        if let (Expr::Var(v), Expr::Const(c)) = (var, other) {
+                            let constraint = vars.constraints[*v].clone();
+                            let what = format!("variable `{}`", vars.names[*v]);
+                            self.check_constant(c, &constraint, span, &what);
+                        }
+                    }
                 }
             }
             return Some(Lit::Filter { op, lhs: l, rhs: r });
@@ -582,6 +692,11 @@ impl Checker {
                 let v = vars.slot(name, var_side.span);
                 if !bound[v] && self.expr_bound(vars, bound, expr_side) {
                     let (e, ty) = self.expr(vars, expr_side);
+                    if let Expr::Const(c) = &e {
+                        let constraint = vars.constraints[v].clone();
+                        let what = format!("variable `{}`", vars.names[v]);
+                        self.check_constant(c, &constraint, expr_side.span, &what);
+                    }
                     if let Some(ty) = ty {
                         self.unify_var(vars, v, ty, var_side.span, "an assignment");
                     }

@@ -8,12 +8,38 @@ pub fn file(f: &File) -> String {
     let mut out = String::new();
     for item in &f.items {
         match item {
-            Item::Decl(d) => decl(&mut out, d),
+            Item::Decl(d) => {
+                doc(&mut out, &d.doc);
+                decl(&mut out, d)
+            }
+            Item::Type(t) => {
+                doc(&mut out, &t.doc);
+                type_decl(&mut out, t)
+            }
             Item::Rule(r) => rule(&mut out, r),
         }
         out.push('\n');
     }
     out
+}
+
+fn doc(out: &mut String, doc: &Option<String>) {
+    for line in doc.iter().flat_map(|d| d.lines()) {
+        let _ = writeln!(out, "/// {line}");
+    }
+}
+
+fn type_decl(out: &mut String, t: &TypeDecl) {
+    let _ = write!(out, "type {} = ", t.name.name);
+    match &t.def {
+        TypeDef::IntRange { lo, hi: Some(hi) } => {
+            let _ = write!(out, "int in {lo}..={hi}");
+        }
+        TypeDef::IntRange { lo, hi: None } => {
+            let _ = write!(out, "int in {lo}..");
+        }
+        TypeDef::Enum(values) => out.push_str(&values.iter().map(|(v, _)| string(v)).collect::<Vec<_>>().join(" | ")),
+    }
 }
 
 fn decl(out: &mut String, d: &Decl) {
@@ -22,7 +48,7 @@ fn decl(out: &mut String, d: &Decl) {
         DeclKind::Output => "output",
         DeclKind::Relation => "relation",
     };
-    let cols: Vec<String> = d.columns.iter().map(|c| format!("{}: {}", c.name.name, c.ty.keyword())).collect();
+    let cols: Vec<String> = d.columns.iter().map(|c| format!("{}: {}", c.name.name, c.ty_name.as_deref().unwrap_or(c.ty.keyword()))).collect();
     let _ = write!(out, "{kw} {}({})", d.name.name, cols.join(", "));
     if let Some((p, _)) = &d.pattern {
         let word = if d.kind == DeclKind::Input { "from" } else { "to" };

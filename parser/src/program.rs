@@ -21,6 +21,64 @@ pub enum Const {
 pub struct ColumnDef {
     pub name: String,
     pub ty: Type,
+    /// A named type's refinement (`bool`, or one declared with `type`).
+    pub constraint: Option<std::sync::Arc<Constraint>>,
+}
+
+/// A named refinement of `int` or `string`: input values must fit it, and so
+/// must the constants rules compare its columns with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Constraint {
+    pub name: String,
+    pub kind: ConstraintKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConstraintKind {
+    /// An int in `lo..=hi` (`hi` None: no upper bound).
+    IntRange { lo: i64, hi: Option<i64> },
+    /// One of these strings, in declaration order.
+    Enum(Vec<String>),
+}
+
+impl Constraint {
+    /// The built-in `bool`: `true` or `false`.
+    pub fn bool() -> Constraint {
+        Constraint { name: "bool".into(), kind: ConstraintKind::Enum(vec!["true".into(), "false".into()]) }
+    }
+
+    /// What the type admits, as users write it: `int in 0..=100`, `"a" | "b"`.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            ConstraintKind::IntRange { lo, hi: Some(hi) } => format!("int in {lo}..={hi}"),
+            ConstraintKind::IntRange { lo, hi: None } => format!("int in {lo}.."),
+            ConstraintKind::Enum(values) => values.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(" | "),
+        }
+    }
+
+    /// Why an int does not fit, if it does not.
+    pub fn check_int(&self, n: i64) -> Result<(), String> {
+        match &self.kind {
+            ConstraintKind::IntRange { lo, hi } if n < *lo || hi.is_some_and(|h| n > h) => Err(format!("{n} is not a {} ({})", self.name, self.describe())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Why a text does not fit, if it does not.
+    pub fn check_text(&self, s: &str) -> Result<(), String> {
+        match &self.kind {
+            ConstraintKind::Enum(values) if !values.iter().any(|v| v == s) => Err(format!("{s:?} is not a {} ({})", self.name, self.describe())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Why a constant does not fit, if it does not.
+    pub fn check_const(&self, c: &Const) -> Result<(), String> {
+        match c {
+            Const::Int(n) => self.check_int(*n),
+            Const::Str(s) => self.check_text(s),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -32,6 +90,8 @@ pub struct Relation {
     pub pattern: Option<KeyPattern>,
     /// Set when a built-in, not rules, computes this relation.
     pub builtin: Option<Builtin>,
+    /// Its `///` doc comment.
+    pub doc: Option<String>,
     pub span: Span,
 }
 

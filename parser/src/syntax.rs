@@ -64,7 +64,8 @@ pub fn parse_file(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
         if rest.is_empty() {
             break;
         }
-        match p.item(rest) {
+        let doc = doc_above(text, text.len() - rest.len());
+        match p.item(rest, doc) {
             Ok((r, item)) => {
                 items.push(item);
                 rest = r;
@@ -91,6 +92,28 @@ pub fn parse_file(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
         }
     }
     (File { items }, diags)
+}
+
+/// The doc of a statement starting at `at`: the `///` lines right above it
+/// (a blank line or a plain `//` line ends them), joined with newlines.
+fn doc_above(text: &str, at: usize) -> Option<String> {
+    // The statement's own line up to it must be blank.
+    let before = text[..at].trim_end_matches([' ', '\t']);
+    let before = before.strip_suffix('\n')?;
+    let before = before.strip_suffix('\r').unwrap_or(before);
+    let mut lines: Vec<&str> = before
+        .lines()
+        .rev()
+        .map_while(|l| {
+            let body = l.trim_start().strip_prefix("///")?;
+            Some(body.strip_prefix(' ').unwrap_or(body).trim_end())
+        })
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    lines.reverse();
+    Some(lines.join("\n"))
 }
 
 /// The end of the character at `at`; a line break gets an empty span so the
@@ -139,7 +162,7 @@ fn skip_statement(text: &str, stmt_start: usize, error_at: usize) -> usize {
             }
         } else if b == b'\n' && i >= error_at {
             let line = &text[i + 1..];
-            let starts_decl = ["input ", "output ", "relation "].iter().any(|k| line.starts_with(k));
+            let starts_decl = ["input ", "output ", "relation ", "type ", "///"].iter().any(|k| line.starts_with(k));
             if starts_decl {
                 return i + 1;
             }
@@ -252,13 +275,75 @@ impl P {
         Ok((rest, (out, span)))
     }
 
-    fn item<'a>(&self, i: &'a str) -> PResult<'a, Item> {
+    fn item<'a>(&self, i: &'a str, doc: Option<String>) -> PResult<'a, Item> {
         for (kw, kind) in [("input", DeclKind::Input), ("output", DeclKind::Output), ("relation", DeclKind::Relation)] {
             if let Ok((r, ())) = self.keyword(i, kw) {
-                return commit(self.decl(i, r, kind)).map(|(r, d)| (r, Item::Decl(d)));
+                return commit(self.decl(i, r, kind)).map(|(r, mut d)| {
+                    d.doc = doc;
+                    (r, Item::Decl(d))
+                });
             }
         }
+        if let Ok((r, ())) = self.keyword(i, "type") {
+            return commit(self.type_decl(i, r)).map(|(r, mut t)| {
+                t.doc = doc;
+                (r, Item::Type(t))
+            });
+        }
         self.rule(i).map(|(r, x)| (r, Item::Rule(x)))
+    }
+
+    /// `type NAME = int in LO..=HI` | `type NAME = int in LO..` | `type NAME = "a" | "b" …`, optional `.`.
+    fn type_decl<'a>(&self, start: &'a str, i: &'a str) -> PResult<'a, TypeDecl> {
+        let (i, name) = self.ident(i, "a type name")?;
+        let (i, _) = self.tok(i, "=")?;
+        let (mut i, def) = if i.starts_with('"') {
+            let mut values = Vec::new();
+            let (mut r, first) = self.string_lit(i)?;
+            values.push(first);
+            while let Ok((r2, _)) = self.tok(r, "|") {
+                let (r3, v) = self.string_lit(r2)?;
+                values.push(v);
+                r = r3;
+            }
+            (r, TypeDef::Enum(values))
+        } else {
+            let (r, ()) = self.keyword(i, "int").or_else(|_| fail(i, "`int in LO..=HI` or a list of strings `\"a\" | \"b\"`"))?;
+            let (r, ()) = self.keyword(r, "in").or_else(|_| fail(r, "`in LO..=HI` (or `in LO..` for no upper bound)"))?;
+            let (r, lo) = self.int_lit(r)?;
+            let (r, _) = self.tok(r, "..")?;
+            match self.tok(r, "=") {
+                Ok((r, _)) => {
+                    let (r, hi) = self.int_lit(r)?;
+                    (r, TypeDef::IntRange { lo, hi: Some(hi) })
+                }
+                Err(_) if r.starts_with(|c: char| c.is_ascii_digit() || c == '-') => {
+                    return fail(r, "`=` before the upper bound: ranges in a type are inclusive, `LO..=HI`");
+                }
+                Err(_) => (r, TypeDef::IntRange { lo, hi: None }),
+            }
+        };
+        // The declaration ends at its last token, not the whitespace after it.
+        let mut end = self.pos(start) + start[..self.pos(i) - self.pos(start)].trim_end().len();
+        let dot_at = self.pos(i) + 1;
+        if let Ok((r, ())) = self.tok_dot(i) {
+            end = dot_at;
+            i = r;
+        }
+        Ok((i, TypeDecl { name, def, doc: None, span: Span::new(self.file, self.pos(start), end) }))
+    }
+
+    /// An integer literal, optionally negative.
+    fn int_lit<'a>(&self, i: &'a str) -> PResult<'a, i64> {
+        let (r, neg) = match i.strip_prefix('-') {
+            Some(r) => (r, true),
+            None => (i, false),
+        };
+        let (r2, digits) = digit1::<_, SyntaxError>(r).or_else(|_| fail(i, "an integer"))?;
+        let text = if neg { format!("-{digits}") } else { digits.to_string() };
+        let n = text.parse::<i64>().map_err(|_| nom::Err::Failure(SyntaxError { remaining: i.len(), expected: "an integer that fits in 64 bits".into() }))?;
+        let (r2, _) = self.ws(r2)?;
+        Ok((r2, n))
     }
 
     /// `input NAME(COL: TYPE, …) from "PATTERN"` (and `output … to`, `relation …`), optional `.`.
@@ -272,16 +357,17 @@ impl P {
                 let (r, col) = self.ident(i, "a column name")?;
                 let (r, _) = self.tok(r, ":")?;
                 let ty_start = r;
-                let (r, ty_word) = self.raw_ident(r).or_else(|_| fail(r, "a type: string, name or int"))?;
-                let ty = match ty_word {
-                    "string" => Type::String,
-                    "name" => Type::Name,
-                    "int" => Type::Int,
-                    _ => return fail(ty_start, "a type: string, name or int"),
+                let (r, ty_word) = self.raw_ident(r).or_else(|_| fail(r, "a type: string, name, int, bool or a declared type"))?;
+                let (ty, ty_name) = match ty_word {
+                    "string" => (Type::String, None),
+                    "name" => (Type::Name, None),
+                    "int" => (Type::Int, None),
+                    // `bool` and declared types: the checker resolves them.
+                    other => (Type::String, Some(other.to_string())),
                 };
                 let ty_span = self.span(ty_start, r);
                 let (r, _) = self.ws(r)?;
-                columns.push(Column { name: col, ty, ty_span });
+                columns.push(Column { name: col, ty, ty_span, ty_name });
                 if let Ok((r, _)) = self.tok(r, ",") {
                     i = r;
                     continue;
@@ -322,7 +408,7 @@ impl P {
             end = dot_at;
         }
         let span = Span::new(self.file, self.pos(start), end);
-        Ok((i, Decl { kind, name, columns, pattern, builtin, span }))
+        Ok((i, Decl { kind, name, columns, pattern, builtin, doc: None, span }))
     }
 
     /// `head(t, …) :- item, … .` or a fact `head(c, …).`
@@ -513,6 +599,11 @@ impl P {
             return Ok((r, Expr { kind: ExprKind::Lit(Literal::Int(n)), span }));
         }
         if let Ok((r, name)) = take_while1::<_, _, SyntaxError>(is_ident_char).parse(i) {
+            if name == "true" || name == "false" {
+                let span = self.span(i, r);
+                let (r, _) = self.ws(r)?;
+                return Ok((r, Expr { kind: ExprKind::Lit(Literal::Str(name.to_string())), span }));
+            }
             if name.starts_with(is_ident_start) {
                 if KEYWORDS.contains(&name) {
                     return fail(i, format!("an expression (`{name}` is a keyword)"));

@@ -129,16 +129,28 @@ fn head_term() -> impl Strategy<Value = HeadTerm> {
 }
 
 fn item() -> impl Strategy<Value = Item> {
-    let ty = prop_oneof![Just(Type::String), Just(Type::Name), Just(Type::Int)];
-    let column = (ident(), ty).prop_map(|(name, ty)| Column { name, ty, ty_span: Span::default() });
+    let ty = prop_oneof![
+        Just((Type::String, None)),
+        Just((Type::Name, None)),
+        Just((Type::Int, None)),
+        Just((Type::String, Some("bool".to_string()))),
+        ident().prop_map(|i| (Type::String, Some(i.name))),
+    ];
+    let column = (ident(), ty).prop_map(|(name, (ty, ty_name))| Column { name, ty, ty_span: Span::default(), ty_name });
     let kind = prop_oneof![Just(DeclKind::Input), Just(DeclKind::Output), Just(DeclKind::Relation)];
-    let decl = (kind, ident(), proptest::collection::vec(column, 0..4), "[a-z{}/]{1,12}").prop_map(|(kind, name, columns, p)| {
+    let doc = proptest::option::of(proptest::collection::vec("[a-z]{1,4}( [a-z]{1,4}){0,2}", 1..3).prop_map(|lines| lines.join("\n")));
+    let decl = (kind, ident(), proptest::collection::vec(column, 0..4), "[a-z{}/]{1,12}", doc.clone()).prop_map(|(kind, name, columns, p, doc)| {
         let pattern = (kind != DeclKind::Relation).then(|| (p, Span::default()));
-        Item::Decl(Decl { kind, name, columns, pattern, builtin: None, span: Span::default() })
+        Item::Decl(Decl { kind, name, columns, pattern, builtin: None, doc, span: Span::default() })
     });
+    let def = prop_oneof![
+        (any::<i64>(), proptest::option::of(any::<i64>())).prop_map(|(lo, hi)| TypeDef::IntRange { lo, hi }),
+        proptest::collection::vec("[a-z ]{0,5}".prop_map(|v| (v, Span::default())), 1..4).prop_map(TypeDef::Enum),
+    ];
+    let type_decl = (ident(), def, doc).prop_map(|(name, def, doc)| Item::Type(TypeDecl { name, def, doc, span: Span::default() }));
     let rule = (ident(), proptest::collection::vec(head_term(), 0..4), proptest::collection::vec(body_item(), 0..4))
         .prop_map(|(head, head_terms, body)| Item::Rule(Rule { head, head_terms, head_span: Span::default(), body, span: Span::default() }));
-    prop_oneof![decl, rule]
+    prop_oneof![decl, type_decl, rule]
 }
 
 fn file() -> impl Strategy<Value = File> {
@@ -170,9 +182,19 @@ fn strip_item(i: Item) -> Item {
         Item::Decl(x) => Item::Decl(Decl {
             kind: x.kind,
             name: strip_ident(x.name),
-            columns: x.columns.into_iter().map(|c| Column { name: strip_ident(c.name), ty: c.ty, ty_span: d }).collect(),
+            columns: x.columns.into_iter().map(|c| Column { name: strip_ident(c.name), ty: c.ty, ty_span: d, ty_name: c.ty_name }).collect(),
             pattern: x.pattern.map(|(p, _)| (p, d)),
             builtin: x.builtin,
+            doc: x.doc.filter(|d| !d.is_empty()),
+            span: d,
+        }),
+        Item::Type(t) => Item::Type(TypeDecl {
+            name: strip_ident(t.name),
+            def: match t.def {
+                TypeDef::Enum(vs) => TypeDef::Enum(vs.into_iter().map(|(v, _)| (v, d)).collect()),
+                other => other,
+            },
+            doc: t.doc.filter(|d| !d.is_empty()),
             span: d,
         }),
         Item::Rule(r) => Item::Rule(Rule {
