@@ -112,6 +112,10 @@ enum Command {
         /// Operations per transaction (etcd's --max-txn-ops).
         #[arg(long, default_value_t = 128)]
         max_txn_ops: usize,
+        /// Bytes of keys and values per transaction: under etcd's
+        /// --max-request-bytes (1.5 MiB by default).
+        #[arg(long, default_value_t = 1 << 20)]
+        max_txn_bytes: usize,
         /// Leader lease TTL in seconds: a standby takes over within it.
         #[arg(long, default_value_t = 10)]
         leader_ttl: i64,
@@ -119,6 +123,10 @@ enum Command {
         /// re-sealed to the nodes whose instances are granted them.
         #[arg(long, env = "CCATTLER_SECRET_KEY")]
         secret_key: Option<PathBuf>,
+        /// Seconds without progress (etcd unreachable, write-back failing,
+        /// a delivered revision not applied) before /healthz fails.
+        #[arg(long, default_value_t = 60)]
+        stall_bound: u64,
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
     },
@@ -338,8 +346,9 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Check { paths, format } => check(paths, format),
-        Command::Controller { etcd, rules, listen, id, workers, max_txn_ops, leader_ttl, secret_key, log_format } => {
+        Command::Controller { etcd, rules, listen, id, workers, max_txn_ops, max_txn_bytes, leader_ttl, secret_key, stall_bound, log_format } => {
             init_logging(log_format);
+            exit_on_panic();
             let id = id.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
             let cfg = ccattler_bridge::controller::ControllerConfig {
                 etcd: match etcd.config() {
@@ -349,10 +358,12 @@ pub fn main() -> ExitCode {
                 rules,
                 workers,
                 max_txn_ops,
+                max_txn_bytes,
                 leader_ttl,
                 id,
                 listen: Some(listen),
                 secret_key,
+                stall_bound: std::time::Duration::from_secs(stall_bound.max(1)),
             };
             controller(cfg)
         }
@@ -623,6 +634,19 @@ fn test(paths: Vec<PathBuf>, rules: &std::path::Path, filter: Option<&str>, form
         Format::Json => println!("{}", serde_json::json!({ "passed": results.len() - failed, "failed": failed, "cases": results })),
     }
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// A panic anywhere in the daemon — an engine worker's included, where the
+/// other workers would otherwise wait for it forever — is logged and ends the
+/// process at once with exit code 70, so systemd restarts it and a standby
+/// takes over, instead of a controller that spins and writes nothing.
+fn exit_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        tracing::error!(panic = %info, "a thread panicked; exiting so that a standby or a restart takes over");
+        default(info);
+        std::process::exit(70);
+    }));
 }
 
 fn usage_error(e: anyhow::Error) -> ExitCode {

@@ -23,7 +23,7 @@ fn check_accepts_the_shipped_rules() {
 fn check_reports_errors_with_location_and_exit_1() {
     let dir = tempdir("check-errors");
     let file = dir.join("bad.rules");
-    std::fs::write(&file, "input a(x: int) from \"a/{x}\"\noutput b(x: int) to \"b/{x}\"\nb(y) :- a(x).\n").unwrap();
+    std::fs::write(&file, "input a(x: int) from \"a/{x}\"\noutput b(x: int) to \"effective/b/{x}\"\nb(y) :- a(x).\n").unwrap();
     let out = ccattler(&["check", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);

@@ -563,3 +563,109 @@ async fn explain_reads_live_etcd_at_a_revision_and_shows_key_revisions() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("\"nothing/here\" is not a key any relation of the rules reads or derives"));
     assert!(c.stop().success());
 }
+
+#[tokio::test]
+async fn a_derived_key_that_cannot_be_a_key_is_recorded_and_never_stalls_the_others() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = fresh_dir("bad-derived-key");
+    // A careless rule: `s ++ "/x"` puts a `/` into what should be one segment.
+    std::fs::write(
+        dir.join("b.rules"),
+        "input v(s: name, n: int) from \"v/{s}\"\noutput o(s: string, n: int) to \"effective/o/{s}\"\n\
+         // each value, under its name\no(s, n) :- v(s, n), n >= 0.\n// a careless one\no(s ++ \"/x\", n) :- v(s, n), n < 0.\n",
+    )
+    .unwrap();
+    for i in 0..200 {
+        etcd.put(format!("v/k{i:03}"), if i == 100 { "-1".to_string() } else { i.to_string() }, None).await.unwrap();
+    }
+    let c = Controller::start("a", &dir);
+    settled(&c, &mut etcd, T).await;
+    assert_eq!(keys(&mut etcd, "effective/o/").await.len(), 199, "every good key is written, in the same write-back as the bad one");
+    let record = get(&mut etcd, "status/rejected/derived/o").await.expect("the bad tuple is recorded");
+    assert!(record.contains("b.rules:6") && record.contains("\"k100/x\" holds a `/`"), "{record}");
+    assert_eq!(c.metric("transactions_total{result=\"refused\"}").unwrap_or(0.0), 0.0, "no transaction was refused:\n{}", c.log());
+    // Fixed: the record goes.
+    etcd.put("v/k100", "100", None).await.unwrap();
+    wait_for("the record cleared and the key written", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/rejected/derived/o").await.is_none() && get(&mut e, "effective/o/k100").await.as_deref() == Some("100") }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_panicking_engine_worker_makes_the_controller_exit_non_zero_at_once() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    etcd.put("intent/user/service/web/instances", "1", None).await.unwrap();
+    let at = revision(&mut etcd).await + 3;
+    let mut c = Controller::start_with(
+        &etcd_url(),
+        &credentials(),
+        &secret_key(),
+        "panics",
+        &shipped_rules(),
+        &[],
+        &[("CCATTLER_INJECT_WORKER_PANIC", &at.to_string())],
+    );
+    for i in 0..5 {
+        etcd.put("intent/user/service/web/instances", (2 + i).to_string(), None).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = c.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the controller did not exit after its worker panicked:\n{}", c.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(70), "{}", c.log());
+    assert!(c.log().contains("injected worker panic"), "{}", c.log());
+}
+
+#[tokio::test]
+async fn a_derived_key_etcd_refuses_is_blocked_and_recorded_and_the_rest_is_written() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = fresh_dir("refused-key");
+    // `desired/` is the user's: the controller's etcd role may not write it.
+    std::fs::write(
+        dir.join("r.rules"),
+        "input v(s: name, n: int) from \"v/{s}\"\noutput o(s: name, n: int) to \"effective/o/{s}\"\noutput bad(s: name, n: int) to \"desired/bad/{s}\"\n\
+         // allowed\no(s, n) :- v(s, n).\n// not the controller's to write\nbad(s, n) :- v(s, n), n = 3.\n",
+    )
+    .unwrap();
+    for i in 0..10 {
+        etcd.put(format!("v/k{i}"), i.to_string(), None).await.unwrap();
+    }
+    let c = Controller::start("a", &dir);
+    settled(&c, &mut etcd, T).await;
+    assert_eq!(keys(&mut etcd, "effective/o/").await.len(), 10);
+    assert_eq!(get(&mut etcd, "desired/bad/k3").await, None);
+    let why = get(&mut etcd, "status/blocked/desired/bad/k3").await.expect("recorded");
+    assert!(why.contains("permission denied"), "{why}");
+    assert_eq!(c.metric("blocked_keys"), Some(1.0));
+    assert!(c.log().contains("etcd refuses to write this derived key"), "{}", c.log());
+    assert_eq!(http_status(c.port, "/healthz"), Some(200), "blocking a key is progress");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healthz_fails_while_etcd_stays_unreachable_and_recovers_with_it() {
+    let _serial = serial();
+    let dir = fresh_dir("stall-etcd");
+    let etcd = PrivateEtcd::start(dir, free_port(), free_port());
+    let mut client = etcd.client().await;
+    client.put("intent/user/service/web/instances", "1", None).await.unwrap();
+    let c = Controller::start_with(&etcd.url(), &etcd.credentials(), &etcd.secret_key(), "stall", &shipped_rules(), &["--stall-bound", "2"], &[]);
+    wait_for("healthy and ready", T, || async { http_status(c.port, "/healthz") == Some(200) && http_status(c.port, "/readyz") == Some(200) }).await;
+    let etcd = {
+        let mut etcd = etcd;
+        let _ = etcd.child.kill();
+        let _ = etcd.child.wait();
+        wait_for("/healthz to fail while etcd stays down", T, || async { http_status(c.port, "/healthz") == Some(503) }).await;
+        etcd.restart()
+    };
+    let _ = etcd.client().await;
+    wait_for("/healthz to recover with etcd", Duration::from_secs(30), || async { http_status(c.port, "/healthz") == Some(200) }).await;
+}

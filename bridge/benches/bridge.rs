@@ -53,10 +53,12 @@ fn main() {
             rules: rules.clone(),
             workers,
             max_txn_ops: 128,
+            max_txn_bytes: 1 << 20,
             leader_ttl: 10,
             id: "bench".into(),
             listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
             secret_key: None,
+            stall_bound: std::time::Duration::from_secs(600),
         };
         settle_disk();
         let t = Instant::now();

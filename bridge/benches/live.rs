@@ -48,10 +48,12 @@ async fn start_controller(etcd: &Etcd) -> Running {
         rules: rules(),
         workers: ccattler_engine::default_workers(),
         max_txn_ops: 128,
+        max_txn_bytes: 1 << 20,
         leader_ttl: 10,
         id: "bench".into(),
         listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
         secret_key: None,
+        stall_bound: std::time::Duration::from_secs(600),
     };
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(controller::run_until(cfg, stop_rx));

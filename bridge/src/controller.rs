@@ -28,11 +28,15 @@ pub struct ControllerConfig {
     pub workers: usize,
     /// etcd's `--max-txn-ops`: operations per transaction list.
     pub max_txn_ops: usize,
+    /// Bytes of keys and values per transaction (under etcd's `--max-request-bytes`).
+    pub max_txn_bytes: usize,
     /// Leader lease TTL in seconds.
     pub leader_ttl: i64,
     /// This controller's name in `status/leader`.
     pub id: String,
     pub listen: Option<SocketAddr>,
+    /// How long without progress before `/healthz` fails.
+    pub stall_bound: Duration,
     /// The cluster's secret key file: secret values are re-sealed to the
     /// nodes that need them. Without it nothing is sealed.
     pub secret_key: Option<PathBuf>,
@@ -58,6 +62,74 @@ pub struct Shared {
     pub metrics: Metrics,
     /// `/explain` questions for the controller's loop.
     pub explain: tokio::sync::mpsc::Sender<crate::explain::Asked>,
+    pub health: Health,
+}
+
+/// What `/healthz` judges: a controller is unhealthy once it has made no
+/// progress for longer than `bound` — etcd unreachable, or (leading) its
+/// write-back failing or refused over and over — or once its engine has not
+/// applied a revision the watch delivered for that long.
+pub struct Health {
+    pub bound: Duration,
+    /// Since when no progress has been made, and the last reason.
+    stalled: std::sync::Mutex<Option<(Instant, String)>>,
+    /// The newest revision the watch delivered, and the newest applied.
+    received: std::sync::atomic::AtomicU64,
+    applied: std::sync::atomic::AtomicU64,
+    /// Since when a delivered revision has waited to be applied.
+    behind_since: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Health {
+    pub fn new(bound: Duration) -> Health {
+        Health {
+            bound,
+            stalled: std::sync::Mutex::new(None),
+            received: Default::default(),
+            applied: Default::default(),
+            behind_since: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn progress(&self) {
+        *self.stalled.lock().expect("health") = None;
+    }
+
+    /// No progress this time; the stall counts from the first of a row.
+    fn no_progress(&self, why: String) {
+        let mut s = self.stalled.lock().expect("health");
+        let since = s.as_ref().map_or_else(Instant::now, |(t, _)| *t);
+        *s = Some((since, why));
+    }
+
+    fn received(&self, rev: u64) {
+        self.received.fetch_max(rev, Ordering::SeqCst);
+        if rev > self.applied.load(Ordering::SeqCst) {
+            self.behind_since.lock().expect("health").get_or_insert_with(Instant::now);
+        }
+    }
+
+    fn applied(&self, rev: u64) {
+        self.applied.fetch_max(rev, Ordering::SeqCst);
+        if self.applied.load(Ordering::SeqCst) >= self.received.load(Ordering::SeqCst) {
+            *self.behind_since.lock().expect("health") = None;
+        }
+    }
+
+    /// Why the controller is unhealthy, if it is.
+    pub fn problem(&self) -> Option<String> {
+        if let Some((since, why)) = self.stalled.lock().expect("health").as_ref() {
+            if since.elapsed() > self.bound {
+                return Some(format!("no progress for {:.0} s: {why}", since.elapsed().as_secs_f64()));
+            }
+        }
+        let behind = *self.behind_since.lock().expect("health");
+        if let Some(since) = behind.filter(|s| s.elapsed() > self.bound) {
+            let (got, done) = (self.received.load(Ordering::SeqCst), self.applied.load(Ordering::SeqCst));
+            return Some(format!("the engine has not applied revision {got} (applied {done}) for {:.0} s", since.elapsed().as_secs_f64()));
+        }
+        None
+    }
 }
 
 /// Loads and checks the rules; errors carry the rendered diagnostics.
@@ -136,12 +208,15 @@ struct WatchReader {
 }
 
 impl WatchReader {
-    fn spawn(watcher: etcd_client::Watcher, mut stream: etcd_client::WatchStream) -> WatchReader {
+    fn spawn(watcher: etcd_client::Watcher, mut stream: etcd_client::WatchStream, shared: Arc<Shared>) -> WatchReader {
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
         let task = tokio::spawn(async move {
             loop {
                 let msg = match stream.message().await {
-                    Ok(Some(resp)) => Ok(resp),
+                    Ok(Some(resp)) => {
+                        shared.health.received(resp.header().map_or(0, |h| h.revision()) as u64);
+                        Ok(resp)
+                    }
                     Ok(None) => return, // the receiver sees the channel close
                     Err(e) => Err(e.to_string()),
                 };
@@ -285,7 +360,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let mut book = SecretBook::default();
     let mut unsealable: Vec<crate::secrets::Unsealable> = Vec::new();
     let (explain_tx, mut explain_rx) = tokio::sync::mpsc::channel::<crate::explain::Asked>(16);
-    let shared = Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new(), explain: explain_tx });
+    let shared = Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new(), explain: explain_tx, health: Health::new(cfg.stall_bound) });
     if let Some(addr) = cfg.listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         info!(%addr, "serving /healthz, /readyz, /metrics");
@@ -296,7 +371,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     // The lease and fence of the leadership held before a reconnect, if any.
     let mut held_lease: Option<(i64, Fence)> = None;
     let mut backoff = Duration::from_millis(100);
-    let max_ops = cfg.max_txn_ops.max(2) - 1; // one op of each list is the fence / derived revision
+    // One op of each list is the fence / derived revision.
+    let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
 
     'connect: loop {
         shared.ready.store(false, Ordering::SeqCst);
@@ -315,6 +391,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             Ok(c) => c,
             Err(e) => {
                 warn!(error = %e, "etcd unreachable or snapshot failed; retrying in {backoff:?}");
+                shared.health.no_progress(format!("etcd unreachable or the snapshot failed: {e}"));
                 if fresh {
                     reconciler = None; // it may hold part of the snapshot
                 }
@@ -327,6 +404,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         };
         let r = reconciler.as_mut().expect("the snapshot was loaded into it");
         info!(revision = rev, keys, seconds = t.elapsed().as_secs_f64(), "snapshot loaded");
+        shared.health.progress();
+        shared.health.applied(rev as u64);
         shared.metrics.observe(r, rev as u64);
         // The watch gets a connection of its own: a backlog of watch data left
         // unread while a transaction is awaited would otherwise use up the
@@ -346,7 +425,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 continue 'connect;
             }
         };
-        let mut watch = WatchReader::spawn(watcher, stream);
+        let mut watch = WatchReader::spawn(watcher, stream, shared.clone());
         backoff = Duration::from_millis(100);
         shared.ready.store(true, Ordering::SeqCst);
         let mut leader = match held_lease.take() {
@@ -384,13 +463,16 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             if !behind {
                 deferred = None;
             }
+            if leader.is_none() {
+                shared.health.progress(); // a standby has nothing to write
+            }
             let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| r.revision() >= wait_until && !behind);
             if let Some(fence) = fence {
-                match write_back(&mut client, r, &fence, max_ops, &shared.metrics).await {
+                match write_back(&mut client, r, &fence, budget, &shared.metrics).await {
                     // Nothing derived to write: secret values next.
                     Ok(WriteBack::Idle) if book.is_dirty() => {
                         refusals = 0;
-                        match seal_secrets(&mut client, &mut book, secret_keys.as_ref(), &fence, max_ops, &mut unsealable).await {
+                        match seal_secrets(&mut client, &mut book, secret_keys.as_ref(), &fence, budget, &mut unsealable).await {
                             Ok(Some(at)) => wait_until = at,
                             Ok(None) => {}
                             Err(e) => {
@@ -399,7 +481,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                             }
                         }
                     }
-                    Ok(WriteBack::Idle) => refusals = 0,
+                    Ok(WriteBack::Idle) => {
+                        refusals = 0;
+                        shared.health.progress();
+                    }
                     // Our own writes come back through the watch one revision at a
                     // time; the states in between are partial (some placements
                     // written, some not), so nothing is planned until the last one
@@ -407,10 +492,12 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     Ok(WriteBack::Committed(at)) => {
                         wait_until = at;
                         refusals = 0;
+                        shared.health.progress();
                     }
                     Ok(WriteBack::Refused(at)) => {
                         wait_until = at;
                         refusals += 1;
+                        shared.health.no_progress(format!("{refusals} write-back(s) in a row refused (a compare failed)"));
                         tokio::time::sleep(Duration::from_millis(50 << refusals.min(6)).min(Duration::from_secs(2))).await;
                         if !still_leader(&mut client, &fence).await {
                             warn!("lost leadership");
@@ -419,6 +506,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                     Err(e) => {
                         warn!(error = %e, "write-back failed; reconnecting");
+                        shared.metrics.write_failure("connection");
+                        shared.health.no_progress(format!("write-back failed: {e}"));
                         continue 'connect;
                     }
                 }
@@ -471,6 +560,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         shared.metrics.evaluation.observe(t.elapsed().as_secs_f64());
                     }
                     shared.metrics.observe(r, head.max(r.revision()));
+                    shared.health.applied(head.max(r.revision()));
                     if let Some(why) = broken {
                         warn!("{why}; taking a new snapshot");
                         continue 'connect;
@@ -608,10 +698,16 @@ const IN_FLIGHT: usize = 8;
 /// Writes the planned difference in transactions of at most `max_ops` keys,
 /// several in flight. Each is fenced on its own and touches distinct keys, so
 /// their order does not matter; after a refusal no new one starts.
-async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_ops: usize, metrics: &Metrics) -> Result<WriteBack, etcd_client::Error> {
+async fn write_back(
+    client: &mut Client,
+    r: &mut Reconciler,
+    fence: &Fence,
+    budget: crate::reconcile::Budget,
+    metrics: &Metrics,
+) -> Result<WriteBack, etcd_client::Error> {
     // Planned a transaction at a time, while earlier ones are in flight.
     let mut cursor = PlanCursor::default();
-    let first = r.plan_next(&mut cursor, max_ops);
+    let first = r.plan_next(&mut cursor, budget);
     if first.is_empty() {
         r.clean();
         metrics.settled.set(r.revision() as i64);
@@ -619,11 +715,16 @@ async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_
     }
     let derived = r.revision();
     let mut next = Some(first);
+    // Halves of a transaction etcd refused for good, to find the key behind it.
+    let mut retry: Vec<Vec<crate::reconcile::Op>> = Vec::new();
     let mut running = tokio::task::JoinSet::new();
     let (mut last, mut refused, mut failure) = (0u64, None::<u64>, None);
     loop {
         while refused.is_none() && failure.is_none() && running.len() < IN_FLIGHT {
-            let chunk = next.take().unwrap_or_else(|| r.plan_next(&mut cursor, max_ops));
+            let chunk = match retry.pop() {
+                Some(c) => c,
+                None => next.take().unwrap_or_else(|| r.plan_next(&mut cursor, budget)),
+            };
             if chunk.is_empty() {
                 break;
             }
@@ -643,10 +744,33 @@ async fn write_back(client: &mut Client, r: &mut Reconciler, fence: &Fence, max_
             }
             Ok(Written::Refused(rev)) => {
                 metrics.txn(false, 0);
-                warn!(revision = rev, "transaction refused (a key moved or leadership changed); will re-plan");
+                warn!(
+                    revision = rev,
+                    first_key = chunk.first().map_or("", |op| op.key()),
+                    keys = chunk.len(),
+                    "transaction refused: a compare failed (a key moved since it was read, or leadership changed); will re-plan once the watch has caught up"
+                );
                 refused = Some(refused.unwrap_or(0).max(rev as u64));
             }
-            Err(e) => failure = Some(e),
+            Err(e) => match etcd::permanent_refusal(&e) {
+                // Refused for good: find the key(s) behind it by halving, and
+                // block those; the rest of the transaction is written.
+                Some(why) if chunk.len() > 1 => {
+                    let mut chunk = chunk;
+                    let tail = chunk.split_off(chunk.len() / 2);
+                    retry.push(tail);
+                    retry.push(chunk);
+                    metrics.write_failure("split");
+                    let _ = why;
+                }
+                Some(why) => {
+                    let op = &chunk[0];
+                    error!(key = %op.key(), reason = %why, "etcd refuses to write this derived key; it is blocked (status/blocked/…) until the rules want another value");
+                    metrics.write_failure("blocked");
+                    r.block(op, format!("etcd refused to write it: {why}"));
+                }
+                None => failure = Some(e),
+            },
         }
     }
     if let Some(e) = failure {
@@ -666,7 +790,7 @@ async fn seal_secrets(
     book: &mut SecretBook,
     keys: Option<&ClusterKeys>,
     fence: &Fence,
-    max_ops: usize,
+    budget: crate::reconcile::Budget,
     reported: &mut Vec<crate::secrets::Unsealable>,
 ) -> Result<Option<u64>, etcd_client::Error> {
     let (ops, problems) = book.plan(keys);
@@ -677,7 +801,8 @@ async fn seal_secrets(
         *reported = problems;
     }
     let mut last = None;
-    for chunk in ops.chunks(max_ops.max(1)) {
+    for chunk in crate::reconcile::chunks(ops, budget) {
+        let chunk = chunk.as_slice();
         match etcd::write(client, fence, chunk, None).await? {
             Written::Committed(rev) => {
                 book.written(chunk, rev);

@@ -12,13 +12,22 @@ use std::sync::Arc;
 
 pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     let app = Router::new()
-        .route("/healthz", routing::get(|| async { "ok\n" }))
+        .route("/healthz", routing::get(healthz))
         .route("/readyz", routing::get(readyz))
         .route("/metrics", routing::get(metrics))
         .route("/explain", routing::get(explain))
         .with_state(shared);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "HTTP server stopped");
+    }
+}
+
+/// 200 while the controller makes progress; 503 with why once it has made
+/// none for longer than its bound (docs: `--stall-bound`).
+async fn healthz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+    match s.health.problem() {
+        None => (StatusCode::OK, "ok\n".to_string()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy: {why}\n")),
     }
 }
 

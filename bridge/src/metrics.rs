@@ -25,6 +25,13 @@ pub struct Metrics {
     pub rejected: Gauge,
     pub leader: Gauge,
     pub settled: Gauge,
+    pub write_failures: Family<FailureLabels, Counter>,
+    pub blocked: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub kind: &'static str,
 }
 
 impl Metrics {
@@ -41,6 +48,8 @@ impl Metrics {
             rejected: Gauge::default(),
             leader: Gauge::default(),
             settled: Gauge::default(),
+            write_failures: Family::default(),
+            blocked: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("facts_held", "Input facts plus derived keys held", m.facts.clone());
@@ -53,6 +62,8 @@ impl Metrics {
         registry.register("rejected_facts", "Input facts rejected (see status/rejected/)", m.rejected.clone());
         registry.register("leader", "1 while this controller leads", m.leader.clone());
         registry.register("settled_revision", "Last revision at which the leader found nothing to write", m.settled.clone());
+        registry.register("write_failures", "Writes etcd failed or refused for good, by kind", m.write_failures.clone());
+        registry.register("blocked_keys", "Derived keys etcd refuses to write (status/blocked/)", m.blocked.clone());
         Metrics { registry, ..m }
     }
 
@@ -62,6 +73,13 @@ impl Metrics {
         self.watch_lag.set(etcd_revision.saturating_sub(r.revision()) as i64);
         self.conflicts.set(r.outputs.conflicts.len() as i64);
         self.rejected.set(r.inputs.rejected.len() as i64);
+        self.blocked.set(r.blocked().count() as i64);
+    }
+
+    /// A write that failed: `split` (a transaction refused for good, halved
+    /// to find the key), `blocked` (a key etcd refuses), `connection`.
+    pub fn write_failure(&self, kind: &'static str) {
+        self.write_failures.get_or_create(&FailureLabels { kind }).inc();
     }
 
     pub fn txn(&self, committed: bool, keys: usize) {

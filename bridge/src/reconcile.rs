@@ -19,6 +19,8 @@ use std::sync::Arc;
 pub use ccattler_engine::facts::REJECTED;
 /// Conflicting output keys are recorded under this prefix.
 pub const CONFLICT: &str = "status/conflict/";
+/// A derived key etcd refused for good (`status/blocked/<key>`: why).
+pub const BLOCKED: &str = "status/blocked/";
 /// The revision the outputs were last derived from; written with every write-back.
 pub const DERIVED_REVISION: &str = "status/derived_revision";
 
@@ -27,6 +29,48 @@ pub const DERIVED_REVISION: &str = "status/derived_revision";
 pub struct Event {
     pub key: String,
     pub value: Option<Held>,
+}
+
+/// How much one transaction may hold: operations (etcd's `--max-txn-ops`,
+/// less the stamp) and bytes of keys and values (under etcd's
+/// `--max-request-bytes`, 1.5 MiB by default).
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub ops: usize,
+    pub bytes: usize,
+}
+
+impl Budget {
+    pub const UNLIMITED: Budget = Budget { ops: usize::MAX, bytes: usize::MAX };
+}
+
+/// What an op adds to a transaction's size: its key (in the compare and the
+/// request) and value, and a little framing.
+pub fn op_bytes(op: &Op) -> usize {
+    match op {
+        Op::Create { key, value } | Op::Update { key, value, .. } => 2 * key.len() + value.len() + 32,
+        Op::Delete { key, .. } => 2 * key.len() + 32,
+    }
+}
+
+/// Splits ops into transactions within `budget` (each holds at least one).
+pub fn chunks(ops: Vec<Op>, budget: Budget) -> Vec<Vec<Op>> {
+    let mut out: Vec<Vec<Op>> = Vec::new();
+    let mut bytes = 0;
+    for op in ops {
+        let size = op_bytes(&op);
+        match out.last_mut() {
+            Some(last) if last.len() < budget.ops && bytes + size <= budget.bytes => {
+                bytes += size;
+                last.push(op);
+            }
+            _ => {
+                bytes = size;
+                out.push(vec![op]);
+            }
+        }
+    }
+    out
 }
 
 /// Where a plan made in chunks has got to ([`Reconciler::plan_next`]).
@@ -50,6 +94,10 @@ pub struct Reconciler {
     /// than listing them all in `dirty`, and nothing is added to `dirty`
     /// while it holds.
     all_dirty: bool,
+    /// Derived keys whose write etcd refused for good (no permission, too
+    /// large): not planned again while they want the same value; each
+    /// recorded as `status/blocked/<key>`.
+    blocked: BTreeMap<String, (String, Option<String>)>,
     /// The etcd revision the state reflects.
     revision: u64,
     /// The engine's logical time: the etcd revision, except that a resync onto
@@ -68,6 +116,7 @@ impl Reconciler {
             held: BTreeMap::new(),
             dirty: BTreeSet::new(),
             all_dirty: false,
+            blocked: BTreeMap::new(),
             revision: 0,
             time: 0,
         })
@@ -98,7 +147,24 @@ impl Reconciler {
     }
 
     fn is_managed_key(&self, key: &str) -> bool {
-        key.starts_with(REJECTED) || key.starts_with(CONFLICT) || ccattler_engine::facts::is_output_key(&self.program, key)
+        key.starts_with(REJECTED) || key.starts_with(CONFLICT) || key.starts_with(BLOCKED) || ccattler_engine::facts::is_output_key(&self.program, key)
+    }
+
+    /// Records that etcd refused `op` for good: it is not planned again
+    /// while the rules want the same value; `status/blocked/<key>` says why.
+    pub fn block(&mut self, op: &Op, why: String) {
+        let want = match op {
+            Op::Create { value, .. } | Op::Update { value, .. } => Some(value.clone()),
+            Op::Delete { .. } => None,
+        };
+        self.blocked.insert(op.key().to_string(), (why, want));
+        self.dirty.remove(op.key());
+        self.dirty.insert(format!("{BLOCKED}{}", op.key()));
+    }
+
+    /// Keys etcd refused for good, with why.
+    pub fn blocked(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.blocked.iter().map(|(k, (why, _))| (k, why))
     }
 
     /// Applies every change of one revision.
@@ -258,6 +324,12 @@ impl Reconciler {
     }
 
     fn desired_value(&self, key: &str) -> Option<Cow<'_, str>> {
+        if let Some(blocked) = key.strip_prefix(BLOCKED) {
+            return self.blocked.get(blocked).map(|(why, _)| Cow::Borrowed(why.as_str()));
+        }
+        if let Some(relation) = key.strip_prefix(ccattler_engine::facts::REJECTED_DERIVED) {
+            return self.outputs.invalid_record(&self.program, relation).map(Cow::Owned);
+        }
         if let Some(input_key) = key.strip_prefix(REJECTED) {
             return self.inputs.rejected.get(input_key).map(|r| Cow::Borrowed(r.as_str()));
         }
@@ -272,12 +344,12 @@ impl Reconciler {
 
     /// The writes that make etcd hold what the rules derive, for the dirty keys.
     pub fn plan(&self) -> Vec<Op> {
-        self.plan_chunk(self.all_dirty, &mut PlanCursor::default(), usize::MAX)
+        self.plan_chunk(self.all_dirty, &mut PlanCursor::default(), Budget::UNLIMITED)
     }
 
     /// The writes for every managed key, in key order (what `ccattler plan` shows).
     pub fn full_plan(&self) -> Vec<Op> {
-        let mut ops = self.plan_chunk(true, &mut PlanCursor::default(), usize::MAX);
+        let mut ops = self.plan_chunk(true, &mut PlanCursor::default(), Budget::UNLIMITED);
         ops.sort_by(|a, b| a.key().cmp(b.key()));
         ops
     }
@@ -286,16 +358,18 @@ impl Reconciler {
     /// to; empty when the plan is done. Between chunks the plan may be
     /// executed ([`Reconciler::written`]): a write-back starts on its first
     /// transaction without planning every key first.
-    pub fn plan_next(&self, cursor: &mut PlanCursor, max: usize) -> Vec<Op> {
-        self.plan_chunk(self.all_dirty, cursor, max)
+    pub fn plan_next(&self, cursor: &mut PlanCursor, budget: Budget) -> Vec<Op> {
+        self.plan_chunk(self.all_dirty, cursor, budget)
     }
 
     /// Plans over the dirty keys, or over every managed key (`all`) in three
     /// phases: derived keys, held keys not derived, rejection and conflict
     /// records not held.
-    fn plan_chunk(&self, all: bool, cursor: &mut PlanCursor, max: usize) -> Vec<Op> {
+    fn plan_chunk(&self, all: bool, cursor: &mut PlanCursor, budget: Budget) -> Vec<Op> {
         let mut ops = Vec::new();
-        while ops.len() < max {
+        let mut bytes = 0usize;
+        let mut full = false;
+        while ops.len() < budget.ops && !full {
             let after = match &cursor.after {
                 Some(k) => Bound::Excluded(k.as_str()),
                 None => Bound::Unbounded,
@@ -310,8 +384,14 @@ impl Reconciler {
                 (true, 2) => {
                     let rejected = self.inputs.rejected.keys().map(|k| format!("{REJECTED}{k}"));
                     let conflicts = self.outputs.conflicts.keys().map(|k| format!("{CONFLICT}{k}"));
-                    let mut r: Vec<String> =
-                        rejected.chain(conflicts).filter(|k| !self.held.contains_key(k) && !self.outputs.resolved.contains_key(k)).collect();
+                    let invalid = self.outputs.invalid_relations().map(|r| format!("{}{r}", ccattler_engine::facts::REJECTED_DERIVED));
+                    let blocked = self.blocked.keys().map(|k| format!("{BLOCKED}{k}"));
+                    let mut r: Vec<String> = rejected
+                        .chain(conflicts)
+                        .chain(invalid)
+                        .chain(blocked)
+                        .filter(|k| !self.held.contains_key(k) && !self.outputs.resolved.contains_key(k))
+                        .collect();
                     r.sort();
                     records = r;
                     Box::new(records.iter().map(String::as_str).filter(|k| cursor.after.as_deref().is_none_or(|a| *k > a)))
@@ -319,10 +399,23 @@ impl Reconciler {
                 _ => break,
             };
             let mut stopped_at = None;
+            let mut last_taken: Option<String> = None;
             for key in keys {
                 if let Some(op) = self.op_for(key) {
+                    // A transaction stays under etcd's request size: the op
+                    // that would cross the budget starts the next one.
+                    let size = op_bytes(&op);
+                    if !ops.is_empty() && bytes + size > budget.bytes {
+                        full = true;
+                        // Resume after the last key taken (nothing of this
+                        // phase taken: where the phase was).
+                        stopped_at = Some(last_taken.clone().or_else(|| cursor.after.clone()).unwrap_or_default());
+                        break;
+                    }
+                    bytes += size;
                     ops.push(op);
-                    if ops.len() == max {
+                    last_taken = Some(key.to_string());
+                    if ops.len() == budget.ops {
                         stopped_at = Some(key.to_string());
                         break;
                     }
@@ -342,6 +435,12 @@ impl Reconciler {
     /// The write a managed key needs, if any.
     fn op_for(&self, key: &str) -> Option<Op> {
         let held = self.held.get(key);
+        if let Some((_, want)) = self.blocked.get(key) {
+            // Refused for good: not again while the rules want the same.
+            if self.desired_value(key).as_deref() == want.as_deref() {
+                return None;
+            }
+        }
         // A conflicted output keeps whatever etcd holds.
         let conflicted = self.outputs.conflicts.contains_key(key);
         match (self.desired_value(key), held) {
@@ -457,7 +556,8 @@ mod tests {
         let expected = whole.full_plan();
         assert_eq!(expected.len(), 4, "create a, update b, delete gone, record c's rejection: {expected:?}");
         assert_eq!(whole.plan(), expected);
-        for all in [true, false] {
+        let budgets = [Budget { ops: 1, bytes: usize::MAX }, Budget { ops: 100, bytes: 120 }, Budget { ops: 2, bytes: 1 }];
+        for (all, budget) in [true, false].into_iter().flat_map(|a| budgets.map(|b| (a, b))) {
             let mut r = Reconciler::new(program(), 1).unwrap();
             r.rebase(9, snapshot.clone()).unwrap();
             if !all {
@@ -467,15 +567,17 @@ mod tests {
             }
             let (mut cursor, mut chunks) = (PlanCursor::default(), Vec::new());
             loop {
-                let chunk = r.plan_next(&mut cursor, 1);
+                let chunk = r.plan_next(&mut cursor, budget);
                 if chunk.is_empty() {
                     break;
                 }
+                let bytes: usize = chunk.iter().map(op_bytes).sum();
+                assert!(chunk.len() <= budget.ops && (chunk.len() == 1 || bytes <= budget.bytes), "{chunk:?} over {budget:?}");
                 r.written(&chunk, 10 + chunks.len() as i64);
                 chunks.extend(chunk);
             }
             chunks.sort_by(|a, b| a.key().cmp(b.key()));
-            assert_eq!(chunks, expected, "all dirty: {all}");
+            assert_eq!(chunks, expected, "all dirty: {all}, {budget:?}");
             assert!(r.plan().is_empty());
         }
     }

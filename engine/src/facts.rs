@@ -14,6 +14,11 @@ pub const MAX_VALUE_BYTES: usize = 1 << 20;
 /// A rejected input key `K` is recorded as `status/rejected/K` (its value:
 /// why). Rules may read these records like any other input.
 pub const REJECTED: &str = "status/rejected/";
+/// Derived tuples of relation R that cannot become keys are recorded as
+/// `status/rejected/derived/R` (how many, and why, with the rules).
+pub const REJECTED_DERIVED: &str = "status/rejected/derived/";
+/// Examples a `status/rejected/derived/R` record names.
+const SHOWN_INVALID: usize = 3;
 
 /// Why an input fact was not accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,6 +161,9 @@ pub struct Conflict {
 /// The output side: every derived tuple, grouped by the key it renders to.
 #[derive(Default)]
 pub struct OutputFacts {
+    /// Derived tuples that cannot become keys, by relation name: (tuple
+    /// text, rule) → (why, count). Never written; recorded instead.
+    invalid: BTreeMap<String, BTreeMap<(String, usize), (String, isize)>>,
     /// key → what derives it: almost always one value from one rule.
     candidates: HashMap<String, Vec<Candidate>, foldhash::fast::RandomState>,
     /// What the rules derive now, one value per key (conflicted keys keep their
@@ -179,12 +187,36 @@ pub fn is_output_key(program: &Program, key: &str) -> bool {
     })
 }
 
-/// Renders an output tuple as its key and value.
-pub fn encode(program: &Program, rel: RelId, row: &[Value]) -> Option<(String, String)> {
+/// Renders an output tuple as its key and value, or says why it cannot be
+/// one: a placeholder's text that would make another key (a `/`, an empty
+/// segment, a control character), a value that breaks its column's type
+/// (a derived `name` that is not one, a state outside its set), or a value
+/// over [`MAX_VALUE_BYTES`]. Keys it returns give back exactly the tuple.
+pub fn encode(program: &Program, rel: RelId, row: &[Value]) -> Result<(String, String), String> {
     let r = &program.relations[rel];
-    let pattern = r.pattern.as_ref()?;
+    let Some(pattern) = r.pattern.as_ref() else { return Err(format!("`{}` has no key pattern", r.name)) };
+    for (i, col) in r.columns.iter().enumerate() {
+        let text = row[i].text();
+        if col.ty == ccattler_parser::ast::Type::Name && !ccattler_parser::pattern::is_valid_name(&text) {
+            let len = text.chars().count();
+            let why = if len > 63 { format!("{len} characters, over 63") } else { "not [a-z0-9]([a-z0-9._-]*[a-z0-9])?".into() };
+            return Err(format!("`{}` = {text:?} is not a name ({why})", col.name));
+        }
+        if let Some(c) = &col.constraint {
+            let fits = match row[i] {
+                Value::Int(n) => c.check_int(n),
+                Value::Str(s) => c.check_text(s.as_str()),
+            };
+            fits.map_err(|why| format!("`{}`: {why}", col.name))?;
+        }
+    }
     let value = pattern.value_column.map(|c| row[c].text().into_owned()).unwrap_or_default();
-    Some((pattern.prefix_with(|c| Some(row[c].text())), value))
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(format!("the value is {} bytes, over the {MAX_VALUE_BYTES} byte limit", value.len()));
+    }
+    let texts: Vec<String> = row.iter().map(|v| v.text().into_owned()).collect();
+    let names: Vec<&str> = r.columns.iter().map(|c| c.name.as_str()).collect();
+    Ok((pattern.render_checked(&texts, &names)?, value))
 }
 
 impl OutputFacts {
@@ -209,10 +241,43 @@ impl OutputFacts {
                 continue;
             }
             let Some((Value::Int(rule), row)) = tagged.split_first() else { continue };
-            let Some((key, value)) = encode(program, *rel, row) else { continue };
-            self.count_one(key.clone(), value, *rule as usize, *d);
-            touched.push(key);
+            match encode(program, *rel, row) {
+                Ok((key, value)) => {
+                    self.count_one(key.clone(), value, *rule as usize, *d);
+                    touched.push(key);
+                }
+                Err(why) => {
+                    let name = &program.relations[*rel].name;
+                    let tuple = format!("{name}({})", row.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(", "));
+                    let by_tuple = self.invalid.entry(name.clone()).or_default();
+                    let entry = by_tuple.entry((tuple, *rule as usize)).or_insert((why, 0));
+                    entry.1 += d;
+                    if entry.1 == 0 {
+                        by_tuple.retain(|_, (_, n)| *n != 0);
+                    }
+                    if by_tuple.is_empty() {
+                        self.invalid.remove(name);
+                    }
+                    touched.push(format!("{REJECTED_DERIVED}{name}"));
+                }
+            }
         }
+    }
+
+    /// The record of relation `name`'s tuples that cannot become keys, if
+    /// any: how many, and the first few with the rule behind each and why.
+    pub fn invalid_record(&self, program: &Program, name: &str) -> Option<String> {
+        let bad = self.invalid.get(name)?;
+        let examples: Vec<String> =
+            bad.iter().take(SHOWN_INVALID).map(|((tuple, rule), (why, _))| format!("rule {} derived {tuple}: {why}", program.rule_location(*rule))).collect();
+        let more = bad.len().saturating_sub(SHOWN_INVALID);
+        let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
+        Some(format!("{} derived tuple(s) cannot become keys and are not written: {}{tail}", bad.len(), examples.join("; ")))
+    }
+
+    /// Relations with derived tuples that cannot become keys.
+    pub fn invalid_relations(&self) -> impl Iterator<Item = &String> {
+        self.invalid.keys()
     }
 
     /// Resolves the keys counted diffs touched, once every diff is in: a
@@ -324,6 +389,35 @@ mod tests {
         // Two values arriving together: conflicted from the start, never a value.
         out.apply(&p, &[diff(0, "db", 1, 1), diff(1, "db", 2, 1)]);
         assert!(out.conflicts.contains_key("o/db") && !out.resolved.contains_key("o/db"));
+    }
+
+    #[test]
+    fn a_derived_tuple_that_cannot_be_a_key_is_recorded_not_written() {
+        let text = "input v(s: string, n: int) from \"v/{s}\"\noutput o(s: string, n: int) to \"o/{s}/x\"\noutput p(s: name) to \"p/{s}\"\n\
+                    o(s, n) :- v(s, n).\np(s ++ \"-\" ++ n) :- v(s, n).\n";
+        let p = ccattler_parser::check_str("t.rules", text).program.expect("valid");
+        let row = |rule: i64, vals: &[Value]| std::iter::once(Value::Int(rule)).chain(vals.iter().copied()).collect::<Row>();
+        let mut out = OutputFacts::default();
+        let touched = out.apply(
+            &p,
+            &[
+                (1, row(0, &[Value::str("a/b"), Value::Int(1)]), 1),
+                (1, row(0, &[Value::str("ok"), Value::Int(2)]), 1),
+                (1, row(0, &[Value::str(""), Value::Int(3)]), 1),
+                (2, row(1, &[Value::str(&"x".repeat(70))]), 1),
+            ],
+        );
+        // The good key is resolved; the bad ones are not keys at all.
+        assert_eq!(out.resolved.keys().collect::<Vec<_>>(), ["o/ok/x"]);
+        assert!(touched.contains(&"status/rejected/derived/o".to_string()));
+        let o = out.invalid_record(&p, "o").unwrap();
+        assert!(o.starts_with("2 derived tuple(s)") && o.contains("t.rules:4") && o.contains("holds a `/`") && o.contains("is empty"), "{o}");
+        let pr = out.invalid_record(&p, "p").unwrap();
+        assert!(pr.contains("70 characters, over 63"), "{pr}");
+        // Retracted: the record goes.
+        out.apply(&p, &[(1, row(0, &[Value::str("a/b"), Value::Int(1)]), -1), (1, row(0, &[Value::str(""), Value::Int(3)]), -1)]);
+        assert!(out.invalid_record(&p, "o").is_none());
+        assert_eq!(out.invalid_relations().collect::<Vec<_>>(), ["p"]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! atom, filter, assign, expand a range; then build the head.
 
 use crate::value::{Row, Sym, Value};
-use ccattler_parser::ast::{AggKind, BinOp, CmpOp};
+use ccattler_parser::ast::{AggKind, BinOp, CmpOp, Func};
 use ccattler_parser::program::{self, Expr, HeadTerm, Lit, Program, RelId, Term};
 
 /// An expression with its constants already interned.
@@ -13,6 +13,7 @@ pub enum CExpr {
     Var(usize),
     Neg(Box<CExpr>),
     Bin(BinOp, Box<CExpr>, Box<CExpr>),
+    Call(Func, Vec<CExpr>),
 }
 
 impl CExpr {
@@ -22,6 +23,7 @@ impl CExpr {
             Expr::Var(v) => CExpr::Var(*v),
             Expr::Neg(x) => CExpr::Neg(Box::new(CExpr::lower(x))),
             Expr::Bin(op, a, b) => CExpr::Bin(*op, Box::new(CExpr::lower(a)), Box::new(CExpr::lower(b))),
+            Expr::Call(f, args) => CExpr::Call(*f, args.iter().map(CExpr::lower).collect()),
         }
     }
 
@@ -32,6 +34,32 @@ impl CExpr {
             CExpr::Val(v) => *v,
             CExpr::Var(i) => b[*i],
             CExpr::Neg(x) => Value::Int(x.eval(b)?.as_int()?.checked_neg()?),
+            CExpr::Call(f, args) => {
+                let a = |i: usize| args.get(i).and_then(|e| e.eval(b));
+                let text = |v: Value| v.text();
+                match f {
+                    Func::Len => Value::Int(text(a(0)?).chars().count() as i64),
+                    Func::Min => {
+                        let (x, y) = (a(0)?, a(1)?);
+                        if y.cmp_text(&x).is_lt() {
+                            y
+                        } else {
+                            x
+                        }
+                    }
+                    Func::Max => {
+                        let (x, y) = (a(0)?, a(1)?);
+                        if y.cmp_text(&x).is_gt() {
+                            y
+                        } else {
+                            x
+                        }
+                    }
+                    Func::StartsWith => Value::str(if text(a(0)?).starts_with(&*text(a(1)?)) { "true" } else { "false" }),
+                    Func::Contains => Value::str(if text(a(0)?).contains(&*text(a(1)?)) { "true" } else { "false" }),
+                    Func::ToString => Value::str(&a(0)?.text()),
+                }
+            }
             CExpr::Bin(BinOp::Concat, x, y) => {
                 let (x, y) = (x.eval(b)?, y.eval(b)?);
                 Value::Str(Sym::new(&format!("{x}{y}")))

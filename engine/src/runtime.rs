@@ -263,7 +263,14 @@ type OutputBuffer = RefCell<Vec<(RelId, Row, u64, isize)>>;
 /// Steps a worker takes on staged changes before it looks for more.
 const STAGE_STEPS: usize = 32;
 
+/// A test hook: `CCATTLER_INJECT_WORKER_PANIC=R` makes the last worker
+/// panic when it applies revision R or later (to test fail-fast).
+fn injected_panic_at() -> Option<u64> {
+    std::env::var("CCATTLER_INJECT_WORKER_PANIC").ok()?.parse().ok()
+}
+
 fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiver<Cmd>, tx: Sender<Report>) {
+    let panic_at = injected_panic_at().filter(|_| worker.index() + 1 == worker.peers());
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
     let outputs: Rc<OutputBuffer> = Rc::new(RefCell::new(Vec::new()));
     let probe = Probe::new();
@@ -335,6 +342,9 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
             }
             Cmd::Apply { batches } => {
                 let Some(&(rev, _)) = batches.last() else { continue };
+                if panic_at.is_some_and(|at| rev >= at) {
+                    panic!("injected worker panic at revision {rev} (CCATTLER_INJECT_WORKER_PANIC)");
+                }
                 for (at, changes) in batches {
                     feed(&mut inputs, at, changes);
                 }

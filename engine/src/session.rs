@@ -2,7 +2,7 @@
 //! the write-back loop, run to a fixed point. `eval`, `test` and `explain
 //! --facts` use it, so offline results are the controller's results.
 
-use crate::facts::{is_output_key, Conflict, InputFacts, OutputFacts, REJECTED};
+use crate::facts::{is_output_key, Conflict, InputFacts, OutputFacts, REJECTED, REJECTED_DERIVED};
 use crate::runtime::{Engine, EngineError};
 use ccattler_parser::program::Program;
 use std::collections::{BTreeMap, BTreeSet};
@@ -149,8 +149,16 @@ impl Session {
                 writes.push((record, Some(why.clone())));
             }
         }
+        let program = self.engine.program();
+        let invalid: BTreeMap<String, String> =
+            self.outputs.invalid_relations().filter_map(|r| Some((format!("{REJECTED_DERIVED}{r}"), self.outputs.invalid_record(program, r)?))).collect();
+        for (record, why) in &invalid {
+            if self.stored_records.get(record) != Some(why) {
+                writes.push((record.clone(), Some(why.clone())));
+            }
+        }
         for record in self.stored_records.keys() {
-            if !self.inputs.rejected.contains_key(&record[REJECTED.len()..]) {
+            if !self.inputs.rejected.contains_key(&record[REJECTED.len()..]) && !invalid.contains_key(record) {
                 writes.push((record.clone(), None));
             }
         }

@@ -144,6 +144,55 @@ pub enum ExprKind {
     Wildcard,
     Neg(Box<Expr>),
     Bin(BinOp, Box<Expr>, Box<Expr>),
+    /// A built-in function: `len(s)`, `min(a, b)`, `starts_with(s, p)`, ….
+    Call(Func, Vec<Expr>),
+}
+
+/// The built-in functions expressions may call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Func {
+    /// `len(text)`: its length in characters.
+    Len,
+    /// `min(a, b)`, `max(a, b)`: the smaller or larger of two ints, or of two
+    /// texts (by their text).
+    Min,
+    Max,
+    /// `starts_with(text, prefix)`, `contains(text, part)`: `true` or `false`.
+    StartsWith,
+    Contains,
+    /// `to_string(int)`: its decimal text.
+    ToString,
+}
+
+impl Func {
+    pub const ALL: [Func; 6] = [Func::Len, Func::Min, Func::Max, Func::StartsWith, Func::Contains, Func::ToString];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Func::Len => "len",
+            Func::Min => "min",
+            Func::Max => "max",
+            Func::StartsWith => "starts_with",
+            Func::Contains => "contains",
+            Func::ToString => "to_string",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Func> {
+        Func::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    pub fn arity(self) -> usize {
+        match self {
+            Func::Len | Func::ToString => 1,
+            _ => 2,
+        }
+    }
+
+    /// Whether it gives `true` or `false` (usable alone as a body literal).
+    pub fn is_predicate(self) -> bool {
+        matches!(self, Func::StartsWith | Func::Contains)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

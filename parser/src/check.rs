@@ -339,6 +339,16 @@ impl Checker {
             match item {
                 ast::BodyItem::Pos(a) | ast::BodyItem::Neg(a) => {
                     let neg = matches!(item, ast::BodyItem::Neg(_));
+                    // `starts_with(s, "web")` (or `not …`): a function that
+                    // gives true or false, used as a literal.
+                    let func = ast::Func::from_name(&a.relation.name).filter(|f| f.is_predicate() && !self.by_name.contains_key(&a.relation.name));
+                    if let Some(f) = func {
+                        let call = ast::Expr { kind: ExprKind::Call(f, a.args.clone()), span: a.span };
+                        let want = ast::Expr { kind: ExprKind::Lit(ast::Literal::Str((!neg).to_string())), span: a.span };
+                        self.register_vars(&mut vars, &call);
+                        pending.push(Pending { item: PendingItem::Cmp(CmpOp::Eq, call, want), span: a.span });
+                        continue;
+                    }
                     let resolved = self.lookup(&a.relation).filter(|&rel| {
                         let arity = self.relations[rel].arity();
                         if arity != a.args.len() {
@@ -645,6 +655,7 @@ impl Checker {
                 vars.slot(v, e.span);
             }
             ExprKind::Neg(x) => self.register_vars(vars, x),
+            ExprKind::Call(_, args) => args.iter().for_each(|a| self.register_vars(vars, a)),
             ExprKind::Bin(_, a, b) => {
                 self.register_vars(vars, a);
                 self.register_vars(vars, b);
@@ -772,6 +783,59 @@ impl Checker {
                 };
                 (Expr::Bin(*op, Box::new(ia), Box::new(ib)), Some(ty))
             }
+            ExprKind::Call(f, args) => {
+                let typed: Vec<(Expr, Option<Type>)> = args.iter().map(|a| self.expr(vars, a)).collect();
+                if args.len() != f.arity() {
+                    self.error(
+                        Diagnostic::error("function-arity", e.span, format!("`{}` takes {} argument(s), found {}", f.name(), f.arity(), args.len()))
+                            .with_help(format!("write `{}`", function_shape(*f))),
+                    );
+                }
+                let want_text = |this: &mut Self, i: usize| {
+                    if let (Some((_, Some(t))), Some(a)) = (typed.get(i), args.get(i)) {
+                        if !t.is_text() {
+                            this.type_error(a.span, Type::String, *t, &format!("argument {} of `{}`", i + 1, f.name()));
+                        }
+                    }
+                };
+                let ty = match f {
+                    ast::Func::Len => {
+                        want_text(self, 0);
+                        Type::Int
+                    }
+                    ast::Func::StartsWith | ast::Func::Contains => {
+                        want_text(self, 0);
+                        want_text(self, 1);
+                        Type::String
+                    }
+                    ast::Func::ToString => {
+                        if let (Some((_, Some(t))), Some(a)) = (typed.first(), args.first()) {
+                            if *t != Type::Int {
+                                self.type_error(a.span, Type::Int, *t, "the argument of `to_string`");
+                            }
+                        }
+                        Type::String
+                    }
+                    ast::Func::Min | ast::Func::Max => match (typed.first().and_then(|t| t.1), typed.get(1).and_then(|t| t.1)) {
+                        (Some(a), Some(b)) if !a.compatible(b) => {
+                            self.error(
+                                Diagnostic::error("type", e.span, format!("`{}` compares {} with {}", f.name(), a.keyword(), b.keyword()))
+                                    .with_help("give both arguments one type"),
+                            );
+                            a
+                        }
+                        (Some(a), _) | (None, Some(a)) => {
+                            if a.is_text() {
+                                Type::String
+                            } else {
+                                Type::Int
+                            }
+                        }
+                        (None, None) => Type::Int,
+                    },
+                };
+                (Expr::Call(*f, typed.into_iter().map(|(e, _)| e).collect()), Some(ty))
+            }
         }
     }
 
@@ -824,6 +888,21 @@ impl Checker {
 
     fn output_collisions(&mut self) {
         let outs: Vec<RelId> = (0..self.relations.len()).filter(|&i| self.relations[i].kind == DeclKind::Output).collect();
+        // The controller's etcd role writes only these (DESIGN §6).
+        const WRITABLE: [&str; 4] = ["effective/", "placement/", "endpoint/", "status/"];
+        for &o in &outs {
+            let r = &self.relations[o];
+            let Some(p) = &r.pattern else { continue };
+            if !WRITABLE.iter().any(|w| p.text.starts_with(w)) {
+                let d = Diagnostic::warning(
+                    "unwritable-output",
+                    r.span,
+                    format!("output `{}` writes `{}`, which the controller's etcd role may not write", r.name, p.text),
+                )
+                .with_help("outputs go under effective/, placement/, endpoint/ or status/ (DESIGN §6); elsewhere etcd refuses the writes and the keys are blocked (status/blocked/…)");
+                self.diags.push(d);
+            }
+        }
         for (n, &a) in outs.iter().enumerate() {
             for &b in &outs[n + 1..] {
                 let (ra, rb) = (&self.relations[a], &self.relations[b]);
@@ -1006,11 +1085,24 @@ fn lit_const(l: &ast::Literal) -> (Const, Type) {
     }
 }
 
+/// How a function is called, for help texts.
+fn function_shape(f: ast::Func) -> &'static str {
+    match f {
+        ast::Func::Len => "len(text)",
+        ast::Func::Min => "min(a, b)",
+        ast::Func::Max => "max(a, b)",
+        ast::Func::StartsWith => "starts_with(text, prefix)",
+        ast::Func::Contains => "contains(text, part)",
+        ast::Func::ToString => "to_string(int)",
+    }
+}
+
 fn has_wildcard(e: &ast::Expr) -> bool {
     match &e.kind {
         ExprKind::Wildcard => true,
         ExprKind::Neg(x) => has_wildcard(x),
         ExprKind::Bin(_, a, b) => has_wildcard(a) || has_wildcard(b),
+        ExprKind::Call(_, args) => args.iter().any(has_wildcard),
         _ => false,
     }
 }
@@ -1029,6 +1121,7 @@ fn collect_unbound(vars: &Vars, bound: &[bool], e: &ast::Expr, out: &mut BTreeSe
             collect_unbound(vars, bound, a, out);
             collect_unbound(vars, bound, b, out);
         }
+        ExprKind::Call(_, args) => args.iter().for_each(|a| collect_unbound(vars, bound, a, out)),
         _ => {}
     }
 }
@@ -1043,6 +1136,7 @@ fn collect_vars(e: &ast::Expr, out: &mut BTreeSet<String>) {
             collect_vars(a, out);
             collect_vars(b, out);
         }
+        ExprKind::Call(_, args) => args.iter().for_each(|a| collect_vars(a, out)),
         _ => {}
     }
 }

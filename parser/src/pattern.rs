@@ -153,6 +153,42 @@ impl KeyPattern {
     }
 }
 
+/// Why `text` cannot be one segment of a key, if it cannot: rendering is
+/// injective only if no segment is empty or holds a `/` (`t("a", "b/c")` and
+/// `t("a/b", "c")` would both be `t/a/b/c`), and keys hold no control
+/// characters.
+pub fn segment_problem(text: &str) -> Option<String> {
+    if text.is_empty() {
+        return Some("is empty".into());
+    }
+    if text.contains('/') {
+        return Some(format!("{text:?} holds a `/`"));
+    }
+    if let Some(c) = text.chars().find(|c| c.is_control()) {
+        return Some(format!("{text:?} holds the control character {:?}", c));
+    }
+    if text == "." || text == ".." {
+        return Some(format!("{text:?} is a path step"));
+    }
+    None
+}
+
+impl KeyPattern {
+    /// The key for each column's text, or why a placeholder's text cannot be
+    /// a segment (named by its column): every key this returns matches the
+    /// pattern and gives back exactly these texts.
+    pub fn render_checked(&self, cols: &[String], names: &[&str]) -> Result<String, String> {
+        for seg in &self.segments {
+            if let Segment::Col(c) = seg {
+                if let Some(problem) = segment_problem(&cols[*c]) {
+                    return Err(format!("key segment `{}` {problem}", names.get(*c).copied().unwrap_or("?")));
+                }
+            }
+        }
+        Ok(self.render(cols))
+    }
+}
+
 /// DESIGN's name rule: `[a-z0-9]([a-z0-9._-]*[a-z0-9])?`, at most 63 characters.
 pub fn is_valid_name(s: &str) -> bool {
     let b = s.as_bytes();

@@ -125,6 +125,7 @@ fn prec_expr(e: &Expr, min: u8) -> String {
         // `-5` reads back as a literal, so negating a literal keeps its parentheses.
         ExprKind::Neg(x) if matches!(x.kind, ExprKind::Lit(Literal::Int(_))) => format!("-({})", expr(x)),
         ExprKind::Neg(x) => format!("-{}", prec_expr(x, 4)),
+        ExprKind::Call(f, args) => format!("{}({})", f.name(), args.iter().map(expr).collect::<Vec<_>>().join(", ")),
         ExprKind::Bin(op, a, b) => {
             let p = op.precedence();
             // Left-associative: the right operand needs parentheses at equal precedence.

@@ -132,6 +132,7 @@ pub enum Expr {
     Var(VarId),
     Neg(Box<Expr>),
     Bin(BinOp, Box<Expr>, Box<Expr>),
+    Call(crate::ast::Func, Vec<Expr>),
 }
 
 impl Expr {
@@ -139,6 +140,7 @@ impl Expr {
         match self {
             Expr::Const(_) => {}
             Expr::Var(v) => out.push(*v),
+            Expr::Call(_, args) => args.iter().for_each(|a| a.vars(out)),
             Expr::Neg(e) => e.vars(out),
             Expr::Bin(_, a, b) => {
                 a.vars(out);

@@ -471,9 +471,13 @@ impl P {
             let kind = AggKind::ALL.into_iter().find(|k| k.keyword() == word);
             if let (Some(kind), Ok((r, _))) = (kind, self.ws(r).and_then(|(r, _)| self.tok(r, "("))) {
                 let (r, args) = self.list(r, |x| self.expr(x))?;
-                let (r2, _) = self.tok(r, ")").or_else(|_| fail(r, "`,` or `)`"))?;
-                let span = Span::new(self.file, self.pos(i), self.pos(r) + 1);
-                return Ok((r2, HeadTerm::Agg(kind, args, span)));
+                // `min(a, b)` and `max(a, b)` are the two-argument functions.
+                let function = matches!(kind, AggKind::Min | AggKind::Max) && args.len() == 2;
+                if !function {
+                    let (r2, _) = self.tok(r, ")").or_else(|_| fail(r, "`,` or `)`"))?;
+                    let span = Span::new(self.file, self.pos(i), self.pos(r) + 1);
+                    return Ok((r2, HeadTerm::Agg(kind, args, span)));
+                }
             }
         }
         self.expr(i).map(|(r, e)| (r, HeadTerm::Expr(e)))
@@ -493,10 +497,15 @@ impl P {
             let (r, a) = commit(self.atom(r))?;
             return Ok((r, BodyItem::Neg(a)));
         }
-        // `rel(` starts an atom.
-        if let Ok((r, _)) = self.raw_ident(i) {
+        // `rel(` starts an atom — unless it is a function compared with
+        // something (`len(s) > 3`).
+        if let Ok((r, word)) = self.raw_ident(i) {
             if self.ws(r).map_or(false, |(r, _)| r.starts_with('(')) {
-                return self.atom(i).map(|(r, a)| (r, BodyItem::Pos(a)));
+                let (r, a) = self.atom(i)?;
+                let compared = Func::from_name(word).is_some() && (self.cmp_op(r).is_ok() || self.bin_op(r).is_some());
+                if !compared {
+                    return Ok((r, BodyItem::Pos(a)));
+                }
             }
             // `v in lo..hi`
             if let Ok((r2, v)) = self.ident(i, "a variable") {
@@ -611,7 +620,18 @@ impl P {
                 let span = self.span(i, r);
                 let (r2, _) = self.ws(r)?;
                 if r2.starts_with('(') {
-                    return fail(r2, "an operator: calls are written only as atoms in a rule body");
+                    let Some(func) = Func::from_name(name) else {
+                        let known = Func::ALL.map(Func::name).join(", ");
+                        return fail(
+                            r2,
+                            format!("an operator (`{name}` is not a function; the functions are {known}; a relation is used as an atom in a rule body)"),
+                        );
+                    };
+                    let (r3, _) = self.tok(r2, "(")?;
+                    let (r3, args) = commit(self.list(r3, |x| self.expr(x)))?;
+                    let close = self.pos(r3) + 1;
+                    let (r3, _) = commit(self.tok(r3, ")").or_else(|_| fail(r3, "`,` or `)`")))?;
+                    return Ok((r3, Expr { kind: ExprKind::Call(func, args), span: Span::new(self.file, self.pos(i), close) }));
                 }
                 let kind = if name == "_" { ExprKind::Wildcard } else { ExprKind::Var(name.to_string()) };
                 return Ok((r2, Expr { kind, span }));

@@ -189,6 +189,21 @@ pub async fn read_pages(
     Ok(())
 }
 
+/// Why etcd refused a request for good: retrying it as it is can never
+/// succeed (no permission, too large, too many operations). Everything else
+/// (connection loss, a leader election, a timeout) may pass.
+pub fn permanent_refusal(e: &EtcdError) -> Option<String> {
+    let EtcdError::GRpcStatus(s) = e else { return None };
+    use tonic::Code;
+    let m = s.message();
+    match s.code() {
+        Code::PermissionDenied => Some(format!("permission denied ({m})")),
+        Code::InvalidArgument if m.contains("too large") || m.contains("too many operations") || m.contains("duplicate key") => Some(m.to_string()),
+        Code::ResourceExhausted if m.contains("message length too large") || m.contains("too large") => Some(m.to_string()),
+        _ => None,
+    }
+}
+
 /// Whether a response was over the gRPC message size limit.
 fn is_too_large(e: &EtcdError) -> bool {
     let text = e.to_string();

@@ -132,12 +132,19 @@ impl Controller {
     }
 
     pub fn start_on(url: &str, creds: &Path, key: &Path, id: &str, rules: &Path) -> Controller {
+        Controller::start_with(url, creds, key, id, rules, &[], &[])
+    }
+
+    /// With extra arguments and environment variables.
+    pub fn start_with(url: &str, creds: &Path, key: &Path, id: &str, rules: &Path, args: &[&str], env: &[(&str, &str)]) -> Controller {
         let port = free_port();
         let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("controller-{id}-{port}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_ccattler"))
             .args(["controller", "--rules", rules.to_str().unwrap(), "--id", id, "--leader-ttl", "2"])
             .args(["--listen", &format!("127.0.0.1:{port}"), "--etcd", url])
             .args(["--credentials", creds.to_str().unwrap(), "--as", "controller", "--secret-key", key.to_str().unwrap()])
+            .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -595,6 +595,7 @@ fn vars(e: &crate::plan::CExpr) -> Vec<usize> {
         CExpr::Var(v) => vec![*v],
         CExpr::Neg(x) => vars(x),
         CExpr::Bin(_, a, b) => [vars(a), vars(b)].concat(),
+        CExpr::Call(_, args) => args.iter().flat_map(vars).collect(),
     }
 }
 

@@ -51,7 +51,7 @@ pub fn random_program(rng: &mut Rng) -> String {
             let p = rng.pick(&lower).clone();
             let q = rng.pick(&lower).clone();
             // A recursive rule only as a later rule, so a base rule exists.
-            let shape = if r > 0 && rng.below(3) == 0 { 99 } else { rng.below(9) };
+            let shape = if r > 0 && rng.below(3) == 0 { 99 } else { rng.below(11) };
             let rule = match shape {
                 0 => format!("d{d}(x, z) :- {p}(x, y), {q}(y, z)."),
                 1 => format!("d{d}(x, y) :- {p}(x, y), not {q}(y, _)."),
@@ -71,6 +71,13 @@ pub fn random_program(rng: &mut Rng) -> String {
                     format!("d{d}(x, y) :- {p}(x, y), label(x, s), s != \"n0-0\", x != y.")
                 }
                 7 => format!("d{d}(y, x) :- {p}(x, y), x >= 1, x % 2 = 1."),
+                // Functions: two-argument min and max, text length, predicates.
+                8 => format!("d{d}(min(x, y), max(x, y)) :- {p}(x, y)."),
+                9 => {
+                    uses_label = true;
+                    let pred = *rng.pick(&["starts_with(s, \"n1\")", "not contains(s, \"-2\")", "len(s) > 3", "to_string(x) = \"2\""]);
+                    format!("d{d}(x, y) :- {p}(x, y), label(x, s), {pred}.")
+                }
                 99 => format!("d{d}(x, z) :- d{d}(x, y), {p}(y, z)."),
                 _ => format!("d{d}(x, y) :- {p}(x, y)."),
             };
@@ -97,6 +104,31 @@ pub fn eval_expr(e: &Expr, b: &[Option<Value>]) -> Option<Value> {
         Expr::Var(v) => b[*v]?,
         Expr::Neg(x) => Value::Int(eval_expr(x, b)?.as_int()?.checked_neg()?),
         Expr::Bin(BinOp::Concat, x, y) => Value::str(&format!("{}{}", eval_expr(x, b)?, eval_expr(y, b)?)),
+        // The functions, written out on their own (not the engine's code).
+        Expr::Call(f, args) => {
+            let vals: Option<Vec<Value>> = args.iter().map(|a| eval_expr(a, b)).collect();
+            let vals = vals?;
+            let s = |i: usize| vals[i].to_string();
+            let truth = |t: bool| Value::str(if t { "true" } else { "false" });
+            match f {
+                ccattler_parser::ast::Func::Len => Value::Int(s(0).chars().count() as i64),
+                ccattler_parser::ast::Func::ToString => Value::str(&s(0)),
+                ccattler_parser::ast::Func::StartsWith => truth(s(0).starts_with(s(1).as_str())),
+                ccattler_parser::ast::Func::Contains => truth(s(0).contains(s(1).as_str())),
+                ccattler_parser::ast::Func::Min | ccattler_parser::ast::Func::Max => {
+                    let less = match (vals[0], vals[1]) {
+                        (Value::Int(x), Value::Int(y)) => y < x,
+                        (x, y) => y.to_string() < x.to_string(),
+                    };
+                    let take_second = if *f == ccattler_parser::ast::Func::Min { less } else { vals[0] != vals[1] && !less };
+                    if take_second {
+                        vals[1]
+                    } else {
+                        vals[0]
+                    }
+                }
+            }
+        }
         Expr::Bin(op, x, y) => {
             let (x, y) = (eval_expr(x, b)?.as_int()?, eval_expr(y, b)?.as_int()?);
             Value::Int(match op {
