@@ -669,3 +669,26 @@ async fn healthz_fails_while_etcd_stays_unreachable_and_recovers_with_it() {
     let _ = etcd.client().await;
     wait_for("/healthz to recover with etcd", Duration::from_secs(30), || async { http_status(c.port, "/healthz") == Some(200) }).await;
 }
+
+#[tokio::test]
+async fn odd_bytes_are_rejected_and_recorded_never_read_lossily() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    etcd.put("intent/user/service/web/instances", "1", None).await.unwrap();
+    etcd.put("desired/service/web/image", b"builtin:h\xfftp".to_vec(), None).await.unwrap();
+    etcd.put(b"desired/service/\xfe\xff/image".to_vec(), "x", None).await.unwrap();
+    etcd.put("intent/user/service//instances", "3", None).await.unwrap();
+    let c = Controller::start("odd", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+    let image = get(&mut etcd, "status/rejected/desired/service/web/image").await.expect("a non-UTF-8 value is recorded");
+    assert!(image.contains("not UTF-8"), "{image}");
+    assert_eq!(get(&mut etcd, "effective/service/web/image").await, None, "never used lossily");
+    let key = keys(&mut etcd, "status/rejected/not-utf8/").await;
+    assert_eq!(key.len(), 1, "a non-UTF-8 key is recorded: {key:?}");
+    let hex: String = b"desired/service/\xfe\xff/image".iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(key[0].0, format!("status/rejected/not-utf8/{hex}"));
+    assert!(key[0].1.contains("not UTF-8"), "{key:?}");
+    let empty = get(&mut etcd, "status/rejected/intent/user/service//instances").await.expect("an empty segment is recorded");
+    assert!(empty.contains("key segment `service`") && empty.contains("is empty"), "{empty}");
+    assert_eq!(get(&mut etcd, "effective/service/web/instances").await.as_deref(), Some("1"));
+}

@@ -269,7 +269,7 @@ impl Reconciler {
                 None => self.inputs.delete(&self.program, &e.key, &mut changes),
             }
             if !self.all_dirty && (was_rejected || self.inputs.rejected.contains_key(&e.key)) {
-                self.dirty.insert(format!("{REJECTED}{}", e.key));
+                self.dirty.insert(ccattler_engine::facts::rejection_record(&e.key));
             }
             if self.is_managed_key(&e.key) {
                 match &e.value {
@@ -330,8 +330,8 @@ impl Reconciler {
         if let Some(relation) = key.strip_prefix(ccattler_engine::facts::REJECTED_DERIVED) {
             return self.outputs.invalid_record(&self.program, relation).map(Cow::Owned);
         }
-        if let Some(input_key) = key.strip_prefix(REJECTED) {
-            return self.inputs.rejected.get(input_key).map(|r| Cow::Borrowed(r.as_str()));
+        if let Some(input_key) = ccattler_engine::facts::rejected_key(key) {
+            return self.inputs.rejected.get(&input_key).map(|r| Cow::Borrowed(r.as_str()));
         }
         if let Some(output_key) = key.strip_prefix(CONFLICT) {
             return self.outputs.conflicts.get(output_key).map(|c| {
@@ -382,7 +382,7 @@ impl Reconciler {
                     Box::new(self.held.range::<str, _>((after, Bound::Unbounded)).map(|(k, _)| k.as_str()).filter(|k| !self.outputs.resolved.contains_key(*k)))
                 }
                 (true, 2) => {
-                    let rejected = self.inputs.rejected.keys().map(|k| format!("{REJECTED}{k}"));
+                    let rejected = self.inputs.rejected.keys().map(|k| ccattler_engine::facts::rejection_record(k));
                     let conflicts = self.outputs.conflicts.keys().map(|k| format!("{CONFLICT}{k}"));
                     let invalid = self.outputs.invalid_relations().map(|r| format!("{}{r}", ccattler_engine::facts::REJECTED_DERIVED));
                     let blocked = self.blocked.keys().map(|k| format!("{BLOCKED}{k}"));

@@ -11,6 +11,28 @@ use std::collections::{BTreeMap, HashMap};
 /// Values larger than this are rejected.
 pub const MAX_VALUE_BYTES: usize = 1 << 20;
 
+/// How a key or value that is not UTF-8 reaches the engine (`ccattler_store`
+/// marks it the same way): rejected, never read as text.
+pub const NOT_UTF8: char = '\u{0}';
+
+/// The key that records input key `key`'s rejection: `status/rejected/KEY`,
+/// or `status/rejected/not-utf8/HEX` for a key that is not UTF-8.
+pub fn rejection_record(key: &str) -> String {
+    match key.strip_prefix(NOT_UTF8) {
+        Some(hex) => format!("{REJECTED}not-utf8/{hex}"),
+        None => format!("{REJECTED}{key}"),
+    }
+}
+
+/// The input key a rejection record is about (the inverse of [`rejection_record`]).
+pub fn rejected_key(record: &str) -> Option<String> {
+    let rest = record.strip_prefix(REJECTED)?;
+    Some(match rest.strip_prefix("not-utf8/") {
+        Some(hex) => format!("{NOT_UTF8}{hex}"),
+        None => rest.to_string(),
+    })
+}
+
 /// A rejected input key `K` is recorded as `status/rejected/K` (its value:
 /// why). Rules may read these records like any other input.
 pub const REJECTED: &str = "status/rejected/";
@@ -31,6 +53,9 @@ pub struct Rejection {
 /// `Ok(vec![])` means no pattern matches (the key is not an input).
 pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, Row)>, Rejection> {
     let reject = |reason: String| Rejection { key: key.to_string(), reason };
+    if let Some(hex) = key.strip_prefix(NOT_UTF8) {
+        return Err(reject(format!("the key is not UTF-8 (bytes {hex})")));
+    }
     if value.len() > MAX_VALUE_BYTES {
         return Err(reject(format!("value is {} bytes, over the {} byte limit", value.len(), MAX_VALUE_BYTES)));
     }
@@ -38,7 +63,18 @@ pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, R
     for rel in program.keys.relations_for(key) {
         let r = &program.relations[rel];
         let Some(pattern) = r.pattern.as_ref().filter(|_| r.kind == DeclKind::Input) else { continue };
-        let Some(parts) = pattern.match_key(key) else { continue };
+        let Some(parts) = pattern.match_key(key) else {
+            // `intent/user/service//instances`: the pattern's shape with a
+            // placeholder left empty is a mistake to say, not a stranger.
+            if let Some(col) = empty_placeholder(pattern, key) {
+                return Err(reject(format!("key segment `{}` of `{}` is empty", r.columns[col].name, r.name)));
+            }
+            continue;
+        };
+        if pattern.value_column.is_some() && value.contains(NOT_UTF8) {
+            let what = value.strip_prefix(NOT_UTF8).unwrap_or("holds a NUL character");
+            return Err(reject(format!("value of `{}` is not UTF-8 text: {what}", r.name)));
+        }
         let mut row = Vec::with_capacity(r.arity());
         for (i, col) in r.columns.iter().enumerate() {
             let text = parts[i].unwrap_or(value);
@@ -51,6 +87,27 @@ pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, R
         out.push((rel, row));
     }
     Ok(out)
+}
+
+/// The column whose placeholder is the first empty segment of `key`, if the
+/// key matches `pattern` in every literal and fills every other placeholder.
+fn empty_placeholder(pattern: &ccattler_parser::pattern::KeyPattern, key: &str) -> Option<usize> {
+    use ccattler_parser::pattern::Segment;
+    let parts: Vec<&str> = key.split('/').collect();
+    if parts.len() != pattern.segments.len() {
+        return None;
+    }
+    let mut empty = None;
+    for (seg, part) in pattern.segments.iter().zip(&parts) {
+        match seg {
+            Segment::Lit(l) if l != part => return None,
+            Segment::Col(c) if part.is_empty() => {
+                empty.get_or_insert(*c);
+            }
+            _ => {}
+        }
+    }
+    empty
 }
 
 /// The tuple of one input relation a stored key/value gives, if its pattern
@@ -98,7 +155,7 @@ impl InputFacts {
                 self.facts.insert(key.to_string(), Fact { value: value.to_string(), mod_revision: rev });
             }
             Err(r) => {
-                let record = format!("{REJECTED}{key}");
+                let record = rejection_record(key);
                 let tuples = decode(program, &record, &r.reason).unwrap_or_default();
                 if !tuples.is_empty() {
                     out.extend(tuples.into_iter().map(|(rel, row)| (rel, row, 1)));
@@ -119,7 +176,7 @@ impl InputFacts {
     fn remove(&mut self, program: &Program, key: &str, out: &mut Vec<Change>) {
         if self.rejected.remove(key).is_some() {
             // Its record's tuples leave with it.
-            let record = format!("{REJECTED}{key}");
+            let record = rejection_record(key);
             if let Some(old) = self.facts.remove(&record) {
                 out.extend(decode(program, &record, &old.value).unwrap_or_default().into_iter().map(|(rel, row)| (rel, row, -1)));
             }

@@ -144,7 +144,7 @@ impl Session {
         let mut writes = Vec::new();
         // Rejection records, as the controller keeps them (there are few).
         for (key, why) in &self.inputs.rejected {
-            let record = format!("{REJECTED}{key}");
+            let record = crate::facts::rejection_record(key);
             if self.stored_records.get(&record) != Some(why) {
                 writes.push((record, Some(why.clone())));
             }
@@ -158,7 +158,8 @@ impl Session {
             }
         }
         for record in self.stored_records.keys() {
-            if !self.inputs.rejected.contains_key(&record[REJECTED.len()..]) && !invalid.contains_key(record) {
+            let rejected = crate::facts::rejected_key(record).is_some_and(|k| self.inputs.rejected.contains_key(&k));
+            if !rejected && !invalid.contains_key(record) {
                 writes.push((record.clone(), None));
             }
         }

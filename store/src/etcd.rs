@@ -95,9 +95,25 @@ pub async fn watch(client: &Client, key: impl Into<Vec<u8>>, options: WatchOptio
     client.watch_client().max_decoding_message_size(MAX_WATCH_RESPONSE).watch(key, Some(options)).await
 }
 
+/// Keys and values are UTF-8 text. A key that is not starts with this
+/// character and goes on with its bytes in hex; a value that is not becomes
+/// this character and what it was. Nothing lossy: the rules never see such a
+/// value as text (it is rejected, and recorded).
+pub const NOT_UTF8: char = '\u{0}';
+
+/// A key etcd holds, as text ([`NOT_UTF8`] and hex when it is not UTF-8).
+pub fn key_text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| format!("{NOT_UTF8}{}", e.as_bytes().iter().map(|b| format!("{b:02x}")).collect::<String>()))
+}
+
+/// A value etcd holds, as text (marked with [`NOT_UTF8`] when it is not UTF-8).
+pub fn value_text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| format!("{NOT_UTF8}not UTF-8 ({} bytes)", e.as_bytes().len()))
+}
+
 pub fn held(kv: &KeyValue) -> Option<(String, Held)> {
-    let key = kv.key_str().ok()?.to_string();
-    let value = String::from_utf8_lossy(kv.value()).into_owned();
+    let key = key_text(kv.key().to_vec());
+    let value = value_text(kv.value().to_vec());
     Some((key, Held { value, mod_revision: kv.mod_revision(), create_revision: kv.create_revision() }))
 }
 
@@ -105,9 +121,7 @@ pub fn held(kv: &KeyValue) -> Option<(String, Held)> {
 fn into_held(kv: KeyValue) -> Option<(String, Held)> {
     let (mod_revision, create_revision) = (kv.mod_revision(), kv.create_revision());
     let (key, value) = kv.into_key_value();
-    let key = String::from_utf8(key).ok()?;
-    let value = String::from_utf8(value).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-    Some((key, Held { value, mod_revision, create_revision }))
+    Some((key_text(key), Held { value: value_text(value), mod_revision, create_revision }))
 }
 
 /// Every key under `prefixes` at one revision (the current one), paginated.
