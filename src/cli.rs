@@ -188,6 +188,9 @@ enum Command {
         /// Write as another intent writer (e.g. `autoscaler`): only `intent/<writer>/`.
         #[arg(long, default_value = "user")]
         writer: String,
+        /// The rules every key and value is checked against before anything is written.
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
         #[command(flatten)]
         etcd: EtcdArgs,
     },
@@ -212,6 +215,11 @@ enum Command {
     Check {
         /// Rule files or directories of `*.rules`.
         paths: Vec<PathBuf>,
+        /// Also check a facts file against the rules: values that would be
+        /// rejected (errors) and keys no input reads (warnings, with the
+        /// nearest key one does).
+        #[arg(long)]
+        facts: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
@@ -345,7 +353,7 @@ pub fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Check { paths, format } => check(paths, format),
+        Command::Check { paths, facts, format } => check(paths, facts.as_deref(), format),
         Command::Controller { etcd, rules, listen, id, workers, max_txn_ops, max_txn_bytes, leader_ttl, secret_key, stall_bound, log_format } => {
             init_logging(log_format);
             exit_on_panic();
@@ -390,7 +398,7 @@ pub fn main() -> ExitCode {
         Command::Auth { action } => auth(action),
         Command::Secret { action } => secret(action),
         Command::Plan { etcd, rules } => plan(&etcd, &rules),
-        Command::Apply { file, writer, etcd } => apply(&file, &writer, &etcd),
+        Command::Apply { file, writer, rules, etcd } => apply(&file, &writer, &rules, &etcd),
         Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
         Command::Explain { key, why_not, facts, controller, revision, etcd, rules, depth, format } => match controller {
             Some(url) => explain_served(&url, &key, why_not, depth, format),
@@ -416,9 +424,16 @@ fn default_rules(paths: Vec<PathBuf>) -> Vec<PathBuf> {
     }
 }
 
-fn check(paths: Vec<PathBuf>, format: Format) -> anyhow::Result<ExitCode> {
+fn check(paths: Vec<PathBuf>, facts: Option<&std::path::Path>, format: Format) -> anyhow::Result<ExitCode> {
     let checked = ccattler_parser::load(&default_rules(paths))?;
-    let ok = checked.errors() == 0;
+    let mut ok = checked.errors() == 0;
+    if let (Some(file), Some(program)) = (facts, &checked.program) {
+        let (errors, warnings) = lint_facts(program, file, &read_facts(file)?);
+        for l in warnings.iter().chain(&errors) {
+            eprintln!("{l}");
+        }
+        ok &= errors.is_empty();
+    }
     match format {
         Format::Text => {
             eprint!("{}", checked.render());
@@ -738,14 +753,38 @@ fn writer_prefixes(writer: &str) -> Vec<String> {
     }
 }
 
-fn apply(file: &std::path::Path, writer: &str, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
+/// Checks a facts file's keys and values against the rules' inputs:
+/// (errors: values that would be rejected; warnings: keys no input reads).
+fn lint_facts(program: &ccattler_parser::Program, file: &std::path::Path, facts: &[ccattler_engine::factfile::FactLine]) -> (Vec<String>, Vec<String>) {
+    use ccattler_engine::facts::{lint, Lint};
+    let (mut errors, mut warnings) = (Vec::new(), Vec::new());
+    for f in facts {
+        match lint(program, &f.key, &f.value) {
+            None => {}
+            Some(Lint::Rejected(why)) => errors.push(format!("error: {}:{}: {}: {why}", file.display(), f.line, f.key)),
+            Some(Lint::Unread { near }) => {
+                let hint = near.map(|n| format!("; did you mean {n}?")).unwrap_or_default();
+                warnings.push(format!("warning: {}:{}: no rule reads {}{hint}", file.display(), f.line, f.key));
+            }
+        }
+    }
+    (errors, warnings)
+}
+
+/// Operations etcd takes in one transaction by default (`--max-txn-ops`).
+const APPLY_TXN_OPS: usize = 128;
+/// Bytes a transaction of `apply` may carry (under `--max-request-bytes`).
+const APPLY_TXN_BYTES: usize = 1 << 20;
+
+fn apply(file: &std::path::Path, writer: &str, rules: &std::path::Path, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
     if !ccattler_parser::pattern::is_valid_name(writer) {
         return Ok(usage_error(anyhow::anyhow!("--writer {writer:?} is not a name")));
     }
     let prefixes = writer_prefixes(writer);
     let allowed = prefixes.join(" or ");
     let facts = read_facts(file)?;
-    // Everything is checked before anything is written.
+    // Everything is checked before anything is written: the writer's
+    // prefixes, then every key and value against the rules' inputs.
     let refused: Vec<String> = facts
         .iter()
         .filter(|f| !prefixes.iter().any(|p| f.key.starts_with(p.as_str())))
@@ -758,14 +797,41 @@ fn apply(file: &std::path::Path, writer: &str, etcd: &EtcdArgs) -> anyhow::Resul
         eprintln!("nothing written: writer {writer} may write only {allowed}");
         return Ok(ExitCode::from(1));
     }
+    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let (errors, warnings) = lint_facts(&program, file, &facts);
+    for w in &warnings {
+        eprintln!("{w}");
+    }
+    if !errors.is_empty() {
+        for e in &errors {
+            eprintln!("{e}");
+        }
+        eprintln!("nothing written: {} value(s) the controller would reject", errors.len());
+        return Ok(ExitCode::from(1));
+    }
+    let bytes: usize = facts.iter().map(|f| f.key.len() + f.value.len() + 16).sum();
+    let whole = facts.len() <= APPLY_TXN_OPS && bytes <= APPLY_TXN_BYTES;
+    if !whole {
+        eprintln!("note: {} fact(s), {bytes} bytes: more than one transaction holds, so the file is written in parts", facts.len());
+    }
     let cfg = etcd.config()?;
     let written = runtime()?.block_on(async {
         let mut client = ccattler_store::etcd::connect(&cfg).await?;
         let mut last = 0;
-        // 128 keys a transaction (etcd's default --max-txn-ops).
-        for chunk in facts.chunks(128) {
-            let ops: Vec<etcd_client::TxnOp> = chunk.iter().map(|f| etcd_client::TxnOp::put(f.key.as_str(), f.value.as_str(), None)).collect();
-            let resp = client.txn(etcd_client::Txn::new().and_then(ops)).await?;
+        // In one transaction when it fits: the file is applied whole or not at all.
+        let (mut chunk, mut size) = (Vec::new(), 0);
+        for f in facts.iter() {
+            let b = f.key.len() + f.value.len() + 16;
+            if !chunk.is_empty() && (chunk.len() == APPLY_TXN_OPS || size + b > APPLY_TXN_BYTES) {
+                let resp = client.txn(etcd_client::Txn::new().and_then(std::mem::take(&mut chunk))).await?;
+                last = resp.header().map_or(0, |h| h.revision());
+                size = 0;
+            }
+            size += b;
+            chunk.push(etcd_client::TxnOp::put(f.key.as_str(), f.value.as_str(), None));
+        }
+        if !chunk.is_empty() {
+            let resp = client.txn(etcd_client::Txn::new().and_then(chunk)).await?;
             last = resp.header().map_or(0, |h| h.revision());
         }
         Ok::<_, etcd_client::Error>(last)

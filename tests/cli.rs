@@ -148,3 +148,16 @@ fn a_failing_rule_test_shows_the_difference_and_exits_1() {
     let out = ccattler(&["test", "--run", "no such case", file.to_str().unwrap()]);
     assert!(text(&out.stdout).contains("0 passed, 0 failed"), "{}", text(&out.stdout));
 }
+
+#[test]
+fn check_with_facts_names_rejected_values_and_suggests_the_key_meant() {
+    let dir = tempdir("check-facts");
+    let facts = dir.join("f.facts");
+    std::fs::write(&facts, "desired/service/web/image = nginx\ndesired/service/web/cpu = lots\ndesired/service/web/imag = nginx\nfoo/bar = 1\n").unwrap();
+    let out = ccattler(&["check", "--facts", facts.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("f.facts:2: desired/service/web/cpu: value of `desired_cpu`: `lots` is not an int"), "{err}");
+    assert!(err.contains("warning: ") && err.contains("f.facts:3: no rule reads desired/service/web/imag; did you mean desired/service/web/image?"), "{err}");
+    assert!(!err.contains("foo/bar"), "keys outside every prefix the rules read are none of check's business: {err}");
+}

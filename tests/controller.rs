@@ -480,6 +480,32 @@ async fn apply_writes_user_facts_only_and_get_reads_them() {
     assert_eq!(revision(&mut etcd).await, before, "a refused file writes nothing");
     assert_eq!(get(&mut etcd, "intent/user/service/web/instances").await.as_deref(), Some("3"));
 
+    // Every key and value is checked against the rules first: the bad ones
+    // are named, and nothing of the file is written.
+    let careless = dir.join("careless.facts");
+    std::fs::write(
+        &careless,
+        "intent/user/service/web/instances = 4\nintent/user/service//instances = 2\nintent/user/service/api/instances = three\n\
+         intent/user/service/Bad_7/instances = 1\ndesired/service/web/cpu = -500\n",
+    )
+    .unwrap();
+    let before = revision(&mut etcd).await;
+    let out = ccattler(&["apply", careless.to_str().unwrap(), "--etcd", &etcd_url()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in ["careless.facts:2:", "is empty", "careless.facts:3:", "`three` is not an int", "careless.facts:4:", "Bad_7", "careless.facts:5:", "-500"] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    assert_eq!(revision(&mut etcd).await, before, "a file with a bad value writes nothing");
+    // A typo is written (no rule reads it yet) but warned about, with the key meant.
+    let typo = dir.join("typo.facts");
+    std::fs::write(&typo, "desired/servce/web/image = nginx:1.29\n").unwrap();
+    let out = ccattler(&["apply", typo.to_str().unwrap(), "--etcd", &etcd_url()]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no rule reads desired/servce/web/image; did you mean desired/service/web/image?"), "{err}");
+    etcd.delete("desired/servce/web/image", None).await.unwrap();
+
     // Another writer writes only its own intent prefix.
     let auto = dir.join("auto.facts");
     std::fs::write(&auto, "intent/autoscaler/service/web/instances = 5\n").unwrap();

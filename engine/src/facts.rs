@@ -89,6 +89,59 @@ pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, R
     Ok(out)
 }
 
+/// What [`lint`] found about one fact of a facts file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lint {
+    /// The value does not fit (or the key cannot be read): it would be rejected.
+    Rejected(String),
+    /// No input pattern matches the key although it lies under a prefix the
+    /// rules read: most likely a typo; with the nearest key a pattern takes.
+    Unread { near: Option<String> },
+}
+
+/// Checks one fact against the rules' inputs, as the controller would read
+/// it: `None` when some input takes it.
+pub fn lint(program: &Program, key: &str, value: &str) -> Option<Lint> {
+    match decode(program, key, value) {
+        Err(r) => Some(Lint::Rejected(r.reason)),
+        Ok(tuples) if !tuples.is_empty() => None,
+        Ok(_) => {
+            let inputs = || program.relations.iter().filter(|r| r.kind == DeclKind::Input).filter_map(|r| r.pattern.as_ref());
+            let prefix_of = |p: &ccattler_parser::pattern::KeyPattern| p.prefix().split_inclusive('/').next().unwrap_or_default().to_string();
+            if !inputs().any(|p| key.starts_with(&prefix_of(p))) {
+                return None; // not under any prefix the rules read
+            }
+            Some(Lint::Unread { near: nearest_input_key(program, key) })
+        }
+    }
+}
+
+/// The key an input pattern takes that is nearest to `key` (placeholders
+/// filled with `key`'s segments at their places), if one is near.
+fn nearest_input_key(program: &Program, key: &str) -> Option<String> {
+    use ccattler_parser::pattern::Segment;
+    let parts: Vec<&str> = key.split('/').collect();
+    let mut best: Option<(usize, String)> = None;
+    for r in program.relations.iter().filter(|r| r.kind == DeclKind::Input) {
+        let Some(p) = &r.pattern else { continue };
+        let candidate: Vec<String> = p
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match s {
+                Segment::Lit(l) => l.clone(),
+                Segment::Col(c) => parts.get(i).filter(|s| !s.is_empty()).map_or_else(|| format!("{{{}}}", r.columns[*c].name), |s| s.to_string()),
+            })
+            .collect();
+        let candidate = candidate.join("/");
+        let d = ccattler_parser::check::edit_distance(key, &candidate);
+        if best.as_ref().is_none_or(|(bd, bc)| d < *bd || (d == *bd && candidate < *bc)) {
+            best = Some((d, candidate));
+        }
+    }
+    best.filter(|(d, _)| *d > 0 && *d <= 3.max(key.len() / 10)).map(|(_, c)| c)
+}
+
 /// The column whose placeholder is the first empty segment of `key`, if the
 /// key matches `pattern` in every literal and fills every other placeholder.
 fn empty_placeholder(pattern: &ccattler_parser::pattern::KeyPattern, key: &str) -> Option<usize> {

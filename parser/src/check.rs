@@ -1141,7 +1141,8 @@ fn collect_vars(e: &ast::Expr, out: &mut BTreeSet<String>) {
     }
 }
 
-fn edit_distance(a: &str, b: &str) -> usize {
+/// Levenshtein distance in characters (for "did you mean" suggestions).
+pub fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {
