@@ -181,6 +181,19 @@ enum Command {
         #[arg(long)]
         instance: String,
     },
+    /// An instance's supervisor (started by the agent, not by hand): runs the
+    /// command, and stops it if the agent dies before the node's lease expires.
+    #[command(hide = true)]
+    Supervise {
+        #[arg(long)]
+        alive: PathBuf,
+        #[arg(long)]
+        deadline: PathBuf,
+        #[arg(long, default_value_t = 5)]
+        grace: u64,
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Write a facts file as the user: only keys under `desired/` and `intent/user/`.
     Apply {
         /// Facts file: one `KEY = VALUE` a line.
@@ -395,6 +408,10 @@ pub fn main() -> ExitCode {
             agent(cfg)
         }
         Command::ServeHttp { instance } => serve_http(instance),
+        Command::Supervise { alive, deadline, grace, command } => {
+            let signals = ccattler_agent::supervise::Signals { alive, deadline };
+            std::process::exit(ccattler_agent::supervise::run(&signals, std::time::Duration::from_secs(grace), &command[0], &command[1..]));
+        }
         Command::Auth { action } => auth(action),
         Command::Secret { action } => secret(action),
         Command::Plan { etcd, rules } => plan(&etcd, &rules),

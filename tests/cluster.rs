@@ -343,3 +343,44 @@ async fn instances_keep_running_while_etcd_is_down_and_the_agent_reconnects() {
     assert!(agent.terminate().success());
     assert!(processes_of("solo").is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_9_fences_its_instances_so_none_ever_runs_twice() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("fence");
+    let _c = Controller::start("fence", &shipped_rules());
+    let mut agents: Vec<Agent> = (1..=2).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
+    put_facts(&mut etcd, &[("desired/service/fenced/image", "builtin:http"), ("intent/user/service/fenced/instances", "2")]).await;
+    wait_for("fenced's two endpoints", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "fenced").await.len() == 2 }
+    })
+    .await;
+    let victim = get(&mut etcd, "placement/instance/fenced-0").await.unwrap();
+    let idx = agents.iter().position(|a| a.node == victim).unwrap();
+    let killed = Instant::now();
+    agents[idx].kill_9();
+    // Sample every 50 ms until fenced-0 serves from the other node: never two
+    // processes for one instance, and the orphan gone before its replacement.
+    let (mut most, mut orphan_gone, mut moved) = (0, None, None);
+    let deadline = Instant::now() + Duration::from_secs(TTL + 10);
+    while moved.is_none() && Instant::now() < deadline {
+        let procs = processes_of("fenced");
+        most = most.max(procs.values().map(Vec::len).max().unwrap_or(0));
+        let placed = get(&mut etcd, "placement/instance/fenced-0").await;
+        if orphan_gone.is_none() && procs.get("fenced-0").is_none_or(|p| p.is_empty()) {
+            orphan_gone = Some(killed.elapsed());
+        }
+        if placed.as_ref().is_some_and(|n| *n != victim) && endpoints(&mut etcd, "fenced").await.contains_key("fenced-0") {
+            eprintln!("moved: {placed:?} (was {victim}) at {:?}; processes {procs:?}", killed.elapsed());
+            moved = Some(killed.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (gone, moved) = (orphan_gone.expect("the orphan was fenced"), moved.expect("fenced-0 runs elsewhere"));
+    eprintln!("after kill -9: orphan fenced at {gone:?}, fenced-0 serving elsewhere at {moved:?}");
+    assert_eq!(most, 1, "an instance ran twice");
+    assert!(gone <= moved, "the orphan outlived its replacement's start");
+    assert!(gone <= Duration::from_secs(TTL + 1), "fenced only after {gone:?} (lease TTL {TTL} s)");
+}

@@ -137,7 +137,13 @@ struct Pulse {
 }
 
 impl Pulse {
-    fn start(mut client: Client, (mut keeper, mut responses): (LeaseKeeper, LeaseKeepAliveStream), heartbeat: ObservedKey, ttl: i64) -> Pulse {
+    fn start(
+        mut client: Client,
+        (mut keeper, mut responses): (LeaseKeeper, LeaseKeepAliveStream),
+        heartbeat: ObservedKey,
+        ttl: i64,
+        deadline_file: PathBuf,
+    ) -> Pulse {
         let (tx, lost) = tokio::sync::watch::channel(None);
         let period = Duration::from_millis(ttl.max(1) as u64 * 1000 / 3);
         let task = tokio::spawn(async move {
@@ -150,11 +156,20 @@ impl Pulse {
                     responses.message().await
                 })
                 .await;
+                let asked_at = crate::supervise::now_ms();
                 let why = match renewed {
-                    Ok(Ok(Some(resp))) if resp.ttl() > 0 => match client.put(heartbeat.as_str(), now_ms().to_string(), None).await {
-                        Ok(_) => continue,
-                        Err(e) => format!("heartbeat: {e}"),
-                    },
+                    Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                        // The lease lives at least this long: what instance
+                        // supervisors fence by if the agent dies.
+                        let deadline = asked_at + resp.ttl() * 1000 - 500;
+                        if let Err(e) = crate::supervise::write_ms(&deadline_file, deadline) {
+                            tracing::warn!(error = %e, "cannot record the lease deadline for the instance supervisors");
+                        }
+                        match client.put(heartbeat.as_str(), now_ms().to_string(), None).await {
+                            Ok(_) => continue,
+                            Err(e) => format!("heartbeat: {e}"),
+                        }
+                    }
                     Ok(Ok(Some(_))) => "the lease expired".to_string(),
                     Ok(Ok(None)) => "the keep-alive stream ended".to_string(),
                     Ok(Err(e)) => format!("keep-alive: {e}"),
@@ -171,6 +186,15 @@ impl Pulse {
 impl Drop for Pulse {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -295,6 +319,18 @@ impl Agent {
     /// Runs until `stop` resolves; then stops every instance, revokes the lease and returns.
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
         tokio::pin!(stop);
+        // While this process lives, its instances' supervisors know it does.
+        let alive_file = crate::supervise::Signals::in_dir(&self.cfg.state_dir).alive;
+        let alive = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                if let Err(e) = crate::supervise::write_ms(&alive_file, crate::supervise::now_ms()) {
+                    tracing::warn!(error = %e, "cannot tell the instance supervisors the agent lives");
+                }
+            }
+        });
+        let _alive = AbortOnDrop(alive);
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_resync = Instant::now();
@@ -322,7 +358,7 @@ impl Agent {
                 self.read_wanted().await;
             }
             self.check_pulse();
-            self.converge()?;
+            self.converge();
             self.probe();
             self.publish().await;
         }
@@ -377,7 +413,8 @@ impl Agent {
         watcher.watch(layout::secret_prefix(node), Some(watch)).await?;
         self.written = self.read_written(&mut client, lease).await?;
         let heartbeat = ObservedKey::new(node, "heartbeat").expect("the node name was checked");
-        let pulse = Pulse::start(client.clone(), client.lease_keep_alive(lease).await?, heartbeat, self.cfg.ttl);
+        let deadline_file = crate::supervise::Signals::in_dir(&self.cfg.state_dir).deadline;
+        let pulse = Pulse::start(client.clone(), client.lease_keep_alive(lease).await?, heartbeat, self.cfg.ttl, deadline_file);
         Ok(Conn { client, lease, pulse, _watcher: watcher, watch: watch_stream })
     }
 
@@ -468,44 +505,22 @@ impl Agent {
         }
     }
 
-    /// Makes the processes match the placements.
-    fn converge(&mut self) -> Result<(), AgentError> {
+    /// Makes the processes match the placements: [`crate::plan::plan`]
+    /// decides, this executes. An error on one instance (a directory that
+    /// cannot be removed) is logged; it never stops the agent.
+    fn converge(&mut self) {
+        use crate::plan::{self, Action, Have, Wanted};
         // Taken for the pass (methods below need `&mut self`), put back after.
-        let Some(wanted) = self.wanted.take() else { return Ok(()) };
-        let result = self.converge_to(&wanted);
-        self.wanted = Some(wanted);
-        result
-    }
-
-    fn converge_to(&mut self, wanted: &BTreeMap<String, InstanceSpec>) -> Result<(), AgentError> {
-        // Stop what is no longer placed here; forget it once it has exited.
-        let names: Vec<String> = self.instances.keys().cloned().collect();
-        for name in names {
-            if wanted.contains_key(&name) {
-                continue;
-            }
-            let inst = self.instances.get_mut(&name).expect("listed");
-            if inst.proc.is_some() {
-                if inst.phase != Phase::Stopping {
-                    tracing::info!(instance = %name, "no longer placed here; stopping");
-                    self.stop(&name);
-                }
-            } else {
-                self.instances.remove(&name);
-                self.state.remove_instance(&name)?;
-            }
-        }
-        // Leftover dirs of instances neither placed nor running (e.g. from a
-        // crash of the agent), once per fresh read.
-        if std::mem::take(&mut self.fresh) {
-            for dir in self.state.instance_dirs() {
-                if !wanted.contains_key(&dir) && !self.instances.contains_key(&dir) {
-                    self.state.remove_instance(&dir)?;
-                }
-            }
-        }
-        for (name, spec) in wanted {
-            let launch = self.launch_for(name, spec);
+        let Some(wanted) = self.wanted.take() else { return };
+        let mut want = BTreeMap::new();
+        for (name, spec) in &wanted {
+            let w = match self.launch_for(name, spec) {
+                Ok(Ok(l)) => Wanted::Run(l),
+                Ok(Err(why)) => Wanted::Wait(why),
+                Err(why) => Wanted::Cannot(why),
+            };
+            want.insert(name.clone(), w);
+            // Known from now on; its fields and probes follow the spec (probes without a restart).
             let inst = self.instances.entry(name.clone()).or_insert_with(|| Instance {
                 service: spec.service.clone(),
                 image: spec.image.clone(),
@@ -518,45 +533,60 @@ impl Agent {
             });
             inst.service = spec.service.clone();
             inst.image = spec.image.clone();
-            // Probes follow the spec without a restart.
             inst.probes.retain(|p, run| spec.probes.get(p) == Some(&run.spec));
             for (p, ps) in &spec.probes {
                 inst.probes.entry(p.clone()).or_insert_with(|| ProbeRun { spec: ps.clone(), next: Instant::now(), in_flight: false, healthy: None });
             }
-            let launch = match launch {
-                Ok(Ok(l)) => l,
-                Ok(Err(why)) => {
-                    if inst.proc.is_none() {
-                        inst.phase = Phase::Waiting(why);
-                    }
-                    continue;
-                }
-                Err(why) => {
-                    if inst.proc.is_none() {
-                        inst.phase = Phase::Failed(why);
-                    }
-                    continue;
-                }
-            };
-            let changed = inst.launch.as_ref() != Some(&launch);
-            match (&inst.phase, inst.proc.is_some()) {
-                (Phase::Stopping, _) => {}
-                (Phase::Running, true) if changed => {
-                    tracing::info!(instance = %name, "spec changed; restarting");
-                    self.stop(name);
-                }
-                (Phase::Running, true) => {}
-                (Phase::Crashed { retry_at, .. }, false) if Instant::now() < *retry_at && !changed => {}
-                (Phase::Failed(_), false) if !changed => {}
-                (_, false) => {
-                    self.start(name, launch);
+        }
+        let have: BTreeMap<String, Have> = self
+            .instances
+            .iter()
+            .map(|(n, i)| {
+                let phase = match &i.phase {
+                    Phase::Running => plan::Phase::Running,
+                    Phase::Crashed { retry_at, .. } => plan::Phase::Crashed { retry_at: retry_at.into_std() },
+                    Phase::Failed(_) => plan::Phase::Failed,
+                    Phase::Waiting(_) => plan::Phase::Waiting,
+                    Phase::Stopping => plan::Phase::Stopping,
+                };
+                (n.clone(), Have { phase, process: i.proc.is_some(), launch: i.launch.clone() })
+            })
+            .collect();
+        // Leftover dirs (e.g. from a crash of the agent), once per fresh read.
+        let leftover = if std::mem::take(&mut self.fresh) { self.state.instance_dirs() } else { Vec::new() };
+        for action in plan::plan(&want, &have, &leftover, Instant::now().into_std()) {
+            match action {
+                Action::Start { instance, launch } => {
+                    self.start(&instance, launch);
                     // Its persistent volumes exist on this node from now on.
-                    self.volumes.extend(spec.volumes.iter().filter(|(_, v)| v.persistent).map(|(v, _)| v.clone()));
+                    if let Some(spec) = wanted.get(&instance) {
+                        self.volumes.extend(spec.volumes.iter().filter(|(_, v)| v.persistent).map(|(v, _)| v.clone()));
+                    }
                 }
-                (_, true) => {}
+                Action::Stop { instance } => {
+                    let placed = wanted.contains_key(&instance);
+                    tracing::info!(instance = %instance, "{}", if placed { "spec changed; restarting" } else { "no longer placed here; stopping" });
+                    self.stop(&instance);
+                }
+                Action::Forget { instance } | Action::RemoveDir { instance } => {
+                    self.instances.remove(&instance);
+                    if let Err(e) = self.state.remove_instance(&instance) {
+                        tracing::warn!(instance = %instance, error = %e, "cannot remove the instance's directory; will try again");
+                    }
+                }
+                Action::Wait { instance, why } => {
+                    if let Some(i) = self.instances.get_mut(&instance) {
+                        i.phase = Phase::Waiting(why);
+                    }
+                }
+                Action::Fail { instance, why } => {
+                    if let Some(i) = self.instances.get_mut(&instance) {
+                        i.phase = Phase::Failed(why);
+                    }
+                }
             }
         }
-        Ok(())
+        self.wanted = Some(wanted);
     }
 
     /// The launch spec of a placed instance: `Ok(Err(why))` while it must
@@ -585,7 +615,8 @@ impl Agent {
                 self.state.create(dir).map_err(|e| e.to_string())?;
             }
             let id = Identity { instance: name, service: &inst.service, node: &self.cfg.node, host: &self.cfg.address, port };
-            let child = runtime::spawn(&id, &launch, &self.secrets, &self.state.log(name)).map_err(|e| e.to_string())?;
+            let signals = crate::supervise::Signals::in_dir(&self.cfg.state_dir);
+            let child = runtime::spawn(&id, &launch, &self.secrets, &self.state.log(name), &signals, self.cfg.grace).map_err(|e| e.to_string())?;
             let pid = child.id().ok_or("the process exited at once")?;
             let start_time = runtime::start_time(pid).unwrap_or(0);
             Ok::<_, String>((child, pid, start_time, port))

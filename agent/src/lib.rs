@@ -6,9 +6,11 @@
 pub mod agent;
 pub mod http_image;
 pub mod keys;
+pub mod plan;
 pub mod probe;
 pub mod runtime;
 pub mod spec;
 pub mod state;
+pub mod supervise;
 
 pub use agent::{Agent, AgentConfig, AgentError};

@@ -65,14 +65,26 @@ pub struct Identity<'a> {
     pub port: u16,
 }
 
-/// Starts an instance in its own process group; its secrets' values come
-/// from `secrets` (opened in memory), and go only into its environment.
-pub fn spawn(id: &Identity, launch: &Launch, secrets: &crate::spec::Secrets, log: &Path) -> Result<tokio::process::Child, RuntimeError> {
+/// Starts an instance in its own process group, under a supervisor that
+/// fences it if the agent dies ([`crate::supervise`]); its secrets' values
+/// come from `secrets` (opened in memory), and go only into its environment.
+/// The process returned is the supervisor's: it exits with the instance.
+pub fn spawn(
+    id: &Identity,
+    launch: &Launch,
+    secrets: &crate::spec::Secrets,
+    log: &Path,
+    signals: &crate::supervise::Signals,
+    grace: std::time::Duration,
+) -> Result<tokio::process::Child, RuntimeError> {
     let err = |source| RuntimeError::Spawn { instance: id.instance.into(), source };
     let (program, args) = command_for(&launch.image, id.instance)?;
     let out = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(err)?;
     let errout = out.try_clone().map_err(err)?;
-    let mut cmd = tokio::process::Command::new(program);
+    let exe = std::env::current_exe().map_err(err)?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("supervise").arg("--alive").arg(&signals.alive).arg("--deadline").arg(&signals.deadline);
+    cmd.arg("--grace").arg(grace.as_secs().max(1).to_string()).arg("--").arg(program);
     cmd.args(args).env_clear();
     for var in ["PATH", "HOME", "CCATTLER_LOG"] {
         if let Ok(v) = std::env::var(var) {

@@ -355,8 +355,10 @@ impl Drop for Agent {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // Each record names an instance's supervisor, which leads the
+        // instance's process group: the whole group goes.
         for pid in recorded_pids(&self.state_dir) {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
         }
     }
 }
