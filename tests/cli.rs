@@ -161,3 +161,14 @@ fn check_with_facts_names_rejected_values_and_suggests_the_key_meant() {
     assert!(err.contains("warning: ") && err.contains("f.facts:3: no rule reads desired/service/web/imag; did you mean desired/service/web/image?"), "{err}");
     assert!(!err.contains("foo/bar"), "keys outside every prefix the rules read are none of check's business: {err}");
 }
+
+#[test]
+fn a_rule_file_that_is_not_utf8_exits_1_at_its_first_bad_byte() {
+    let dir = tempdir("not-utf8");
+    let file = dir.join("bad.rules");
+    std::fs::write(&file, b"input a(x: int) from \"a/{x}\"\n// caf\xe9 au lait\n").unwrap();
+    let out = ccattler(&["check", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("bad.rules:2:7") && err.contains("byte 0xe9 is not UTF-8"), "{err}");
+}

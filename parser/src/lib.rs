@@ -59,11 +59,8 @@ pub fn files_with_extension(paths: &[PathBuf], ext: &'static str) -> Result<Vec<
             _ => LoadError::Io { path: path.clone(), source: e },
         })?;
         if meta.is_dir() {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(path)
-                .map_err(|e| LoadError::Io { path: path.clone(), source: e })?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == ext))
-                .collect();
+            let mut found = Vec::new();
+            walk(path, ext, &mut found)?;
             if found.is_empty() {
                 return Err(LoadError::Empty { path: path.clone(), ext });
             }
@@ -76,14 +73,53 @@ pub fn files_with_extension(paths: &[PathBuf], ext: &'static str) -> Result<Vec<
     Ok(out)
 }
 
-/// Reads, parses and checks rule files and directories.
+/// Every file below `dir` (recursively, as `cargo test` and `opa test`
+/// find theirs) whose name ends in `.ext`.
+fn walk(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| LoadError::Io { path: dir.to_path_buf(), source: e })?;
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            walk(&p, ext, out)?;
+        } else if p.extension().is_some_and(|x| x == ext) {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Reads, parses and checks rule files and directories. A file that is not
+/// UTF-8 is a diagnostic at its first bad byte, not an I/O error.
 pub fn load(paths: &[PathBuf]) -> Result<Checked, LoadError> {
     let mut sources = Sources::new();
+    let mut bad = Vec::new();
     for path in rule_files(paths)? {
-        let text = std::fs::read_to_string(&path).map_err(|e| LoadError::Io { path: path.clone(), source: e })?;
-        sources.add(display_path(&path), text);
+        let bytes = std::fs::read(&path).map_err(|e| LoadError::Io { path: path.clone(), source: e })?;
+        match String::from_utf8(bytes) {
+            Ok(text) => {
+                sources.add(display_path(&path), text);
+            }
+            Err(e) => {
+                let at = e.utf8_error().valid_up_to();
+                let byte = e.as_bytes()[at];
+                // The text up to the bad byte, so the diagnostic shows its line.
+                let text = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                let shown = String::from_utf8_lossy(&e.as_bytes()[..at]).len();
+                let id = sources.add(display_path(&path), text);
+                bad.push(
+                    Diagnostic::error("not-utf8", source::Span::new(id, shown, shown + '\u{fffd}'.len_utf8()), format!("byte 0x{byte:02x} is not UTF-8"))
+                        .with_help("rule files are UTF-8 text: re-save the file as UTF-8"),
+                );
+            }
+        }
     }
-    Ok(check_sources(sources))
+    let mut checked = check_sources(sources);
+    if !bad.is_empty() {
+        checked.program = None;
+        checked.diagnostics.extend(bad);
+        diag::sort(&mut checked.diagnostics);
+    }
+    Ok(checked)
 }
 
 fn display_path(p: &Path) -> String {
