@@ -233,17 +233,6 @@ async fn kill_9_during_a_large_write_back_then_restart_converges_and_never_overw
     assert_eq!(per_node as usize, instances);
 }
 
-/// A private etcd for the one test that must stop and restart it (the shared
-/// one from scripts/test cannot be restarted under the other tests).
-fn http_status(port: u16, path: &str) -> Option<u16> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.split_whitespace().nth(1)?.parse().ok()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn etcd_restart_is_survived_without_losing_a_change() {
     let _serial = serial();

@@ -295,13 +295,15 @@ async fn campaign(client: &mut Client, id: &str, ttl: i64) -> Result<Option<Lead
 
 /// A standby's campaign; on success every key is considered again, since a
 /// standby plans nothing while it waits.
-async fn take_over(client: &mut Client, cfg: &ControllerConfig, r: &mut Reconciler) -> Option<Leadership> {
-    let leader = campaign(client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
+/// An etcd error here means the connection is unusable (its member may be
+/// gone): the caller connects again, to a member that answers.
+async fn take_over(client: &mut Client, cfg: &ControllerConfig, r: &mut Reconciler) -> Result<Option<Leadership>, etcd_client::Error> {
+    let leader = campaign(client, &cfg.id, cfg.leader_ttl).await?;
     if leader.is_some() {
         info!(id = %cfg.id, "took over leadership");
         r.mark_all_dirty();
     }
-    leader
+    Ok(leader)
 }
 
 /// After a reconnect: keeps leading if the leader key is still ours and its
@@ -566,7 +568,13 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         continue 'connect;
                     }
                     if leader_gone && leader.is_none() {
-                        leader = take_over(&mut client, &cfg, r).await;
+                        leader = match take_over(&mut client, &cfg, r).await {
+                            Ok(l) => l,
+                            Err(e) => {
+                                warn!(error = %e, "campaign failed; reconnecting");
+                                continue 'connect;
+                            }
+                        };
                     }
                 }
                 _ = clock_tick.tick(), if with_clock => {
@@ -596,7 +604,14 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                             warn!("leader lease lost");
                             leader = None;
                         },
-                        None => leader = take_over(&mut client, &cfg, r).await,
+                        None => match take_over(&mut client, &cfg, r).await {
+                            Ok(l) => leader = l,
+                            Err(e) => {
+                                warn!(error = %e, "campaign failed; reconnecting");
+                                shared.health.no_progress(format!("campaign failed: {e}"));
+                                continue 'connect;
+                            }
+                        },
                     }
                 }
                 Some(asked) = explain_rx.recv() => {

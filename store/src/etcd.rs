@@ -73,15 +73,50 @@ impl TlsFiles {
     }
 }
 
+/// Connects to one member that answers with a quorum behind it, trying the
+/// endpoints in turn (starting one further each call, so clients spread over
+/// the members). A client is pinned to its member: when that member dies its
+/// requests fail, and whoever holds it connects again — to a live member.
+/// (etcd-client's own balancing over several endpoints kept sending requests
+/// to a killed member.)
 pub async fn connect(cfg: &EtcdConfig) -> Result<Client, EtcdError> {
-    let mut opts = ConnectOptions::new().with_connect_timeout(std::time::Duration::from_secs(3));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = cfg.endpoints.len().max(1);
+    let first = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n;
+    let mut last = None;
+    for k in 0..n {
+        let Some(endpoint) = cfg.endpoints.get((first + k) % n) else { break };
+        match connect_one(cfg, endpoint).await {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                tracing::debug!(%endpoint, error = %e, "etcd member unusable; trying the next");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| EtcdError::InvalidArgs("no etcd endpoint given".into())))
+}
+
+/// A client of one member, if it answers a linearizable read (which needs a
+/// quorum) within a few seconds; "permission denied" is an answer too.
+async fn connect_one(cfg: &EtcdConfig, endpoint: &str) -> Result<Client, EtcdError> {
+    let timeout = std::time::Duration::from_secs(3);
+    let mut opts = ConnectOptions::new().with_connect_timeout(timeout).with_keep_alive(std::time::Duration::from_secs(5), timeout);
     if let Some((u, p)) = &cfg.user {
         opts = opts.with_user(u.clone(), p.clone());
     }
     if let Some(tls) = &cfg.tls {
         opts = opts.with_tls(tls.clone());
     }
-    Client::connect(&cfg.endpoints, Some(opts)).await
+    let mut client = tokio::time::timeout(timeout, Client::connect([endpoint], Some(opts)))
+        .await
+        .map_err(|_| EtcdError::InvalidArgs(format!("{endpoint}: no answer within {timeout:?}")))??;
+    match tokio::time::timeout(timeout, client.get("status/derived_revision", None)).await {
+        Ok(Ok(_)) => Ok(client),
+        Ok(Err(e)) if crate::auth::is_permission_denied(&e) => Ok(client),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(EtcdError::InvalidArgs(format!("{endpoint}: no quorum answer within {timeout:?}"))),
+    }
 }
 
 /// The largest watch response accepted: etcd's own client accepts up to

@@ -434,3 +434,130 @@ pub async fn put_facts(etcd: &mut Client, facts: &[(&str, &str)]) {
         etcd.put(*k, *v, None).await.unwrap();
     }
 }
+
+// --- A three-member etcd cluster ---------------------------------------------
+
+/// Three etcd members on loopback, one cluster, for tests that kill members.
+pub struct EtcdCluster {
+    pub dir: PathBuf,
+    pub members: Vec<Option<Child>>,
+    pub client_ports: Vec<u16>,
+    pub peer_ports: Vec<u16>,
+}
+
+impl EtcdCluster {
+    pub fn start(dir: PathBuf) -> EtcdCluster {
+        let client_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let peer_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let mut c = EtcdCluster { dir, members: vec![None, None, None], client_ports, peer_ports };
+        for i in 0..3 {
+            c.spawn(i, "new");
+        }
+        c
+    }
+
+    fn initial_cluster(&self) -> String {
+        (0..3).map(|i| format!("m{i}=http://127.0.0.1:{}", self.peer_ports[i])).collect::<Vec<_>>().join(",")
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) {
+        let url = format!("http://127.0.0.1:{}", self.client_ports[i]);
+        let peer = format!("http://127.0.0.1:{}", self.peer_ports[i]);
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("m{i}.log"))).unwrap();
+        let child = Command::new("etcd")
+            .args(["--name", &format!("m{i}"), "--data-dir", self.dir.join(format!("m{i}")).to_str().unwrap()])
+            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial_cluster(), "--initial-cluster-state", state, "--initial-cluster-token", "ccattler-test"])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start an etcd member");
+        self.members[i] = Some(child);
+    }
+
+    /// Every member's URL, comma-separated, member 0 first.
+    pub fn urls(&self) -> String {
+        self.client_ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+    }
+
+    pub fn credentials(&self) -> PathBuf {
+        self.dir.join("credentials")
+    }
+    pub fn secret_key(&self) -> PathBuf {
+        self.dir.join("secret.key")
+    }
+
+    /// A root client over every member, once the cluster answers
+    /// (bootstrapping auth the first time).
+    pub async fn client(&self) -> Client {
+        let endpoints: Vec<String> = self.urls().split(',').map(String::from).collect();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if self.credentials().exists() {
+                let password = ccattler_store::credentials::password(&self.credentials(), "root").expect("root credentials");
+                // Pinned to a live member, as the product's own clients are.
+                let cfg = ccattler_store::EtcdConfig { endpoints: endpoints.clone(), user: Some(("root".into(), password.to_string())), tls: None };
+                if let Ok(mut c) = ccattler_store::etcd::connect(&cfg).await {
+                    if c.get("x", None).await.is_ok() {
+                        return c;
+                    }
+                }
+            } else if let Ok(mut c) = Client::connect(&endpoints, None).await {
+                if c.get("x", None).await.is_ok() {
+                    ccattler_store::seal::ClusterKeys::create(&self.secret_key()).expect("cluster key");
+                    ccattler_store::auth::bootstrap(&mut c, &self.credentials()).await.expect("bootstrap");
+                    continue;
+                }
+            }
+            assert!(Instant::now() < deadline, "the etcd cluster did not answer");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The index of the member that leads now, by asking each live one.
+    pub async fn leader(&self) -> Option<usize> {
+        for i in (0..3).filter(|i| self.members[*i].is_some()) {
+            let password = ccattler_store::credentials::password(&self.credentials(), "root").ok()?;
+            let opts = ConnectOptions::new().with_user("root", password.as_str()).with_connect_timeout(Duration::from_secs(1));
+            let Ok(mut c) = Client::connect([format!("http://127.0.0.1:{}", self.client_ports[i])], Some(opts)).await else { continue };
+            if let Ok(s) = c.status().await {
+                if s.leader() == s.header().map_or(0, |h| h.member_id()) {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a killed member again over its data dir.
+    pub fn restart(&mut self, i: usize) {
+        self.spawn(i, "existing");
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..3 {
+            self.kill(i);
+        }
+    }
+}
+
+/// The status code of `GET path` on a local port, if it answers.
+pub fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.split_whitespace().nth(1)?.parse().ok()
+}
