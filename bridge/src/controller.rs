@@ -167,6 +167,17 @@ pub fn controller_prefixes(program: &Program) -> Vec<String> {
     p
 }
 
+/// The smallest key range that holds every prefix: what the controller
+/// watches, rather than the whole keyspace.
+pub fn watch_range(prefixes: &[String]) -> (Vec<u8>, Vec<u8>) {
+    let from = prefixes.iter().min().cloned().unwrap_or_default().into_bytes();
+    let to = prefixes.iter().map(|p| etcd::prefix_end(p)).max().unwrap_or_else(|| vec![0]);
+    if from.is_empty() {
+        return (vec![0], vec![0]); // everything
+    }
+    (from, to)
+}
+
 /// The key of the cluster clock the rules judge heartbeats by.
 pub const CLOCK_KEY: &str = "status/clock";
 
@@ -419,8 +430,11 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 continue 'connect;
             }
         };
-        let watch_opts = WatchOptions::new().with_all_keys().with_start_revision(rev + 1).with_progress_notify();
-        let (watcher, stream) = match etcd::watch(&watch_client, "", watch_opts).await {
+        // One watch over the range the prefixes span (one stream keeps every
+        // revision's events together, in order).
+        let (from, to) = watch_range(&controller_prefixes(&program));
+        let watch_opts = WatchOptions::new().with_range(to).with_start_revision(rev + 1).with_progress_notify();
+        let (watcher, stream) = match etcd::watch(&watch_client, from, watch_opts).await {
             Ok(w) => w,
             Err(e) => {
                 warn!(error = %e, "watch failed");
@@ -849,5 +863,20 @@ async fn sleep_or_stop(d: Duration, stop: &mut tokio::sync::watch::Receiver<bool
     tokio::select! {
         _ = tokio::time::sleep(d) => false,
         _ = stop.changed() => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watch_covers_the_declared_prefixes_not_the_keyspace() {
+        let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(watch_range(&p(&["desired/", "secret/", "status/"])), (b"desired/".to_vec(), b"status0".to_vec()));
+        // A pattern that starts with a placeholder reads everything.
+        assert_eq!(watch_range(&p(&["", "status/"])), (vec![0], vec![0]));
+        let program = ccattler_parser::check_str("t.rules", "input v(s: name) from \"v/{s}\"\noutput o(s: name) to \"effective/o/{s}\"\no(s) :- v(s).\n").program.unwrap();
+        assert_eq!(controller_prefixes(&program), p(&["effective/o/", "secret/", "status/", "v/"]));
     }
 }
