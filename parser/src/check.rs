@@ -332,6 +332,8 @@ impl Checker {
             Range(VarId, ast::Expr, ast::Expr),
         }
         let mut pending = Vec::new();
+        let aggregate = r.head_terms.iter().any(|t| matches!(t, ast::HeadTerm::Agg(..)));
+        let mut hidden = 0;
         // Variables of atoms that did not resolve: treated as bound, so one
         // unknown relation does not also report every variable it would bind.
         let mut poisoned = Vec::new();
@@ -369,6 +371,16 @@ impl Checker {
                         let col_ty = self.relations[rel].columns[i].ty;
                         let constraint = self.relations[rel].columns[i].constraint.clone();
                         let term = match &e.kind {
+                            // In an aggregate rule, a positive atom's `_` still
+                            // tells matches apart: `count()` over `placed(_, n)`
+                            // counts instances, not nodes. It binds a hidden
+                            // variable (no user can name it).
+                            ExprKind::Wildcard if aggregate && !neg => {
+                                hidden += 1;
+                                let slot = vars.slot(&format!("_#{hidden}"), e.span);
+                                self.unify_var(&mut vars, slot, col_ty, e.span, "a `_`");
+                                Term::Var(slot)
+                            }
                             ExprKind::Wildcard => Term::Wildcard,
                             ExprKind::Var(v) => {
                                 let slot = vars.slot(v, e.span);

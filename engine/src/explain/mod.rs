@@ -259,7 +259,7 @@ pub fn explain(db: &Db, key: &str, value: Option<&str>, why_not: bool, opts: Opt
 /// A rule's named variables and their values (unbound ones left out).
 pub fn bindings(program: &Program, rule: usize, b: &[Option<Value>]) -> Bindings {
     let vars = &program.rules[rule].vars;
-    vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), Val::from(v.as_ref()?)))).filter(|(n, _)| !n.starts_with('_')).collect()
+    vars.iter().zip(b).filter_map(|((name, _), v)| Some((name.clone(), Val::from(v.as_ref()?)))).collect()
 }
 
 /// The key of an input pattern, `*` for columns it leaves open.

@@ -52,7 +52,7 @@ fn node(out: &mut String, n: &Node, depth: usize) {
             let _ = writeln!(out, "{}", rule.text);
             if !bindings.is_empty() {
                 pad(out, depth + 2);
-                let b: Vec<String> = bindings.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                let b: Vec<String> = shown(bindings);
                 let _ = writeln!(out, "with {}", b.join(", "));
             }
             for p in premises {
@@ -66,7 +66,7 @@ fn node(out: &mut String, n: &Node, depth: usize) {
             for c in contributions {
                 pad(out, depth + 1);
                 let mark = if c.decides { "→" } else { "·" };
-                let b: Vec<String> = c.bindings.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                let b: Vec<String> = shown(&c.bindings);
                 let _ = writeln!(out, "{mark} {}  (with {})", c.value, b.join(", "));
                 for p in &c.premises {
                     premise(out, p, depth + 2);
@@ -131,7 +131,7 @@ fn why_not(out: &mut String, w: &WhyNot, depth: usize) {
         }
         for f in &r.failures {
             pad(out, depth + 1);
-            let b: Vec<String> = f.bindings.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            let b: Vec<String> = shown(&f.bindings);
             let with = if b.is_empty() { String::new() } else { format!("with {}: ", b.join(", ")) };
             let _ = writeln!(out, "{with}{} of {} literal(s) matched, then:", f.matched, r.literals);
             for l in &f.failed {
@@ -171,4 +171,10 @@ fn assign(out: &mut String, a: &AssignWhyNot, depth: usize) {
         pad(out, depth + 1);
         let _ = writeln!(out, "{} × {}: {}", r.count, r.reason, names(&r.nodes, 20));
     }
+}
+
+/// `name = value` for each binding a user wrote (not the hidden `_#N` a `_`
+/// binds in an aggregate rule; the JSON has them).
+fn shown(b: &super::Bindings) -> Vec<String> {
+    b.iter().filter(|(k, _)| !k.starts_with("_#")).map(|(k, v)| format!("{k} = {v}")).collect()
 }
