@@ -31,7 +31,10 @@ fn env_or(name: &str, default: u64) -> u64 {
 struct Rng(u64);
 impl Rng {
     fn new() -> Rng {
-        let seed = std::env::var("FAULTS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+        let seed = std::env::var("FAULTS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
         eprintln!("FAULTS_SEED={seed}");
         Rng(seed)
     }
@@ -490,7 +493,10 @@ async fn soak() {
     let before = revision(&mut etcd).await;
     assert!(c.stop().success());
     let c2 = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "soak-2", &shipped_rules(), &[], &[]);
-    wait_for("the restarted controller leads and settles", Duration::from_secs(60), || async { c2.metric("leader") == Some(1.0) && c2.metric("settled_revision").is_some_and(|r| r > 0.0) }).await;
+    wait_for("the restarted controller leads and settles", Duration::from_secs(60), || async {
+        c2.metric("leader") == Some(1.0) && c2.metric("settled_revision").is_some_and(|r| r > 0.0)
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let all = etcd.get("\0", Some(etcd_client::GetOptions::new().with_from_key())).await.unwrap();
     let rewritten: Vec<String> = all

@@ -876,7 +876,9 @@ mod tests {
         assert_eq!(watch_range(&p(&["desired/", "secret/", "status/"])), (b"desired/".to_vec(), b"status0".to_vec()));
         // A pattern that starts with a placeholder reads everything.
         assert_eq!(watch_range(&p(&["", "status/"])), (vec![0], vec![0]));
-        let program = ccattler_parser::check_str("t.rules", "input v(s: name) from \"v/{s}\"\noutput o(s: name) to \"effective/o/{s}\"\no(s) :- v(s).\n").program.unwrap();
+        let program = ccattler_parser::check_str("t.rules", "input v(s: name) from \"v/{s}\"\noutput o(s: name) to \"effective/o/{s}\"\no(s) :- v(s).\n")
+            .program
+            .unwrap();
         assert_eq!(controller_prefixes(&program), p(&["effective/o/", "secret/", "status/", "v/"]));
     }
 }

@@ -288,14 +288,16 @@ impl AggKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HeadTerm {
     Expr(Expr),
-    Agg(AggKind, Vec<Expr>, Span),
+    /// `sum(c)`, or `sum(c) default 0` (with a `per` atom on the rule: the
+    /// value of a group the body does not match).
+    Agg(AggKind, Vec<Expr>, Option<Box<Expr>>, Span),
 }
 
 impl HeadTerm {
     pub fn span(&self) -> Span {
         match self {
             HeadTerm::Expr(e) => e.span,
-            HeadTerm::Agg(_, _, s) => *s,
+            HeadTerm::Agg(_, _, _, s) => *s,
         }
     }
 }
@@ -306,6 +308,9 @@ pub struct Rule {
     pub head_terms: Vec<HeadTerm>,
     pub head_span: Span,
     pub body: Vec<BodyItem>,
+    /// `… per ready(n).`: the groups an aggregate rule has, matched or not
+    /// (those the body does not match get the aggregates' defaults).
+    pub per: Option<Atom>,
     pub span: Span,
 }
 
@@ -325,4 +330,4 @@ pub struct File {
 /// Words that cannot name a relation or a variable.
 /// (Type names, `from`/`to` and aggregate names are recognised by position only,
 /// so `count` or `name` can still name a column or a variable.)
-pub const KEYWORDS: &[&str] = &["input", "output", "relation", "type", "not", "in", "true", "false"];
+pub const KEYWORDS: &[&str] = &["input", "output", "relation", "type", "not", "in", "true", "false", "per", "default"];

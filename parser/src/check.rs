@@ -294,7 +294,135 @@ impl Checker {
         None
     }
 
+    /// A rule; one with `per` becomes the rules that give every group of
+    /// the `per` atom a row:
+    ///
+    /// ```text
+    /// h(g, sum(c) default 0) :- body per p(g).
+    ///   h#agg(g, sum(c)) :- p(g), body.        the groups the body matches
+    ///   h#has(g) :- h#agg(g, _).
+    ///   h(g, v) :- h#agg(g, v).
+    ///   h(g, 0) :- p(g), not h#has(g).         the others get the default
+    /// ```
     fn rule(&mut self, r: &ast::Rule) {
+        let defaults = r.head_terms.iter().any(|t| matches!(t, ast::HeadTerm::Agg(_, _, Some(_), _)));
+        let aggregate = r.head_terms.iter().any(|t| matches!(t, ast::HeadTerm::Agg(..)));
+        let Some(per) = &r.per else {
+            if defaults {
+                let span = r.head_terms.iter().find_map(|t| matches!(t, ast::HeadTerm::Agg(_, _, Some(_), _)).then(|| t.span())).unwrap_or(r.span);
+                self.error(Diagnostic::error("default-without-per", span, "an aggregate's `default` needs the rule to say which groups exist").with_help(
+                    "end the rule with `per ATOM`, the relation whose rows are the groups: `used(n, sum(c) default 0) :- kept(i, n), cpu(i, c) per node(n).`",
+                ));
+            }
+            return self.rule_checked(r);
+        };
+        if !aggregate {
+            self.error(
+                Diagnostic::error("per-without-aggregate", per.span, "`per` names the groups of an aggregate, but this rule has none")
+                    .with_help("remove `per …`, or aggregate in the head: `h(g, count()) :- … per p(g).`"),
+            );
+            return;
+        }
+        let Some(head) = self.lookup(&r.head) else { return };
+        let group_vars: Vec<Option<String>> = r
+            .head_terms
+            .iter()
+            .map(|t| match t {
+                ast::HeadTerm::Expr(ast::Expr { kind: ExprKind::Var(v), .. }) => Some(v.clone()),
+                _ => None,
+            })
+            .collect();
+        if r.head_terms.iter().zip(&group_vars).any(|(t, g)| matches!(t, ast::HeadTerm::Expr(_)) && g.is_none()) {
+            self.error(
+                Diagnostic::error("per-group", r.head_span, "with `per`, every head term but the aggregates is a variable (the group)")
+                    .with_help("bind expressions in the body (`x = …`) and put the variable in the head"),
+            );
+            return;
+        }
+        let columns = self.relations[head].columns.clone();
+        if columns.len() != r.head_terms.len() {
+            return self.rule_checked(r); // the arity error is reported there
+        }
+        let name = &r.head.name;
+        let ident = |n: String| ast::Ident { name: n, span: r.head.span };
+        let var = |n: &str| ast::Expr { kind: ExprKind::Var(n.to_string()), span: r.head_span };
+        let wild = ast::Expr { kind: ExprKind::Wildcard, span: r.head_span };
+        let agg_rel = format!("{name}#agg");
+        let has_rel = format!("{name}#has");
+        let group_cols: Vec<ColumnDef> = columns.iter().zip(&group_vars).filter(|(_, g)| g.is_some()).map(|(c, _)| c.clone()).collect();
+        let all_default = r.head_terms.iter().all(|t| !matches!(t, ast::HeadTerm::Agg(_, _, None, _)));
+        self.declare_hidden(&agg_rel, columns.clone(), r.span);
+        if all_default {
+            self.declare_hidden(&has_rel, group_cols, r.span);
+        }
+        let agg_vars: Vec<String> = (0..columns.len()).map(|i| format!("_#v{i}")).collect();
+        // h#agg(g, sum(c)) :- p(g), body.
+        let mut body = vec![ast::BodyItem::Pos(per.clone())];
+        body.extend(r.body.iter().cloned());
+        let agg_terms = r
+            .head_terms
+            .iter()
+            .map(|t| match t {
+                ast::HeadTerm::Agg(k, args, _, s) => ast::HeadTerm::Agg(*k, args.clone(), None, *s),
+                other => other.clone(),
+            })
+            .collect();
+        self.rule_checked(&ast::Rule { head: ident(agg_rel.clone()), head_terms: agg_terms, head_span: r.head_span, body, per: None, span: r.span });
+        // h#has(g) :- h#agg(g, _).
+        let group_args: Vec<ast::Expr> = group_vars.iter().flatten().map(|g| var(g)).collect();
+        let agg_atom_wild =
+            ast::Atom { relation: ident(agg_rel.clone()), args: group_vars.iter().map(|g| g.as_deref().map_or(wild.clone(), var)).collect(), span: r.span };
+        if all_default {
+            self.rule_checked(&ast::Rule {
+                head: ident(has_rel.clone()),
+                head_terms: group_args.iter().cloned().map(ast::HeadTerm::Expr).collect(),
+                head_span: r.head_span,
+                body: vec![ast::BodyItem::Pos(agg_atom_wild)],
+                per: None,
+                span: r.span,
+            });
+        }
+        // h(g, v) :- h#agg(g, v).
+        let all: Vec<ast::Expr> = group_vars.iter().zip(&agg_vars).map(|(g, v)| var(g.as_deref().unwrap_or(v))).collect();
+        self.rule_checked(&ast::Rule {
+            head: r.head.clone(),
+            head_terms: all.iter().cloned().map(ast::HeadTerm::Expr).collect(),
+            head_span: r.head_span,
+            body: vec![ast::BodyItem::Pos(ast::Atom { relation: ident(agg_rel), args: all, span: r.span })],
+            per: None,
+            span: r.span,
+        });
+        // h(g, default) :- p(g), not h#has(g).
+        let mut defaults = Vec::new();
+        for t in &r.head_terms {
+            match t {
+                ast::HeadTerm::Expr(e) => defaults.push(ast::HeadTerm::Expr(e.clone())),
+                ast::HeadTerm::Agg(_, _, Some(d), _) => defaults.push(ast::HeadTerm::Expr((**d).clone())),
+                // No default: a group the body does not match has no row.
+                ast::HeadTerm::Agg(_, _, None, _) => return,
+            }
+        }
+        self.rule_checked(&ast::Rule {
+            head: r.head.clone(),
+            head_terms: defaults,
+            head_span: r.head_span,
+            body: vec![ast::BodyItem::Pos(per.clone()), ast::BodyItem::Neg(ast::Atom { relation: ident(has_rel), args: group_args, span: r.span })],
+            per: None,
+            span: r.span,
+        });
+    }
+
+    /// A relation the checker makes for a construct (never written by users:
+    /// its name holds `#`).
+    fn declare_hidden(&mut self, name: &str, columns: Vec<ColumnDef>, span: Span) {
+        if self.by_name.contains_key(name) {
+            return;
+        }
+        self.by_name.insert(name.to_string(), self.relations.len());
+        self.relations.push(Relation { name: name.into(), kind: DeclKind::Relation, columns, pattern: None, builtin: None, doc: None, span });
+    }
+
+    fn rule_checked(&mut self, r: &ast::Rule) {
         let errors_before = self.diags.iter().filter(|d| d.is_error()).count();
         let mut vars = Vars::default();
         let head = self.lookup(&r.head);
@@ -438,7 +566,7 @@ impl Checker {
         for t in &r.head_terms {
             match t {
                 ast::HeadTerm::Expr(e) => self.register_vars(&mut vars, e),
-                ast::HeadTerm::Agg(_, args, _) => args.iter().for_each(|e| self.register_vars(&mut vars, e)),
+                ast::HeadTerm::Agg(_, args, _, _) => args.iter().for_each(|e| self.register_vars(&mut vars, e)),
             }
         }
 
@@ -569,7 +697,7 @@ impl Checker {
                     }
                     head_terms.push(HeadTerm::Expr(ir));
                 }
-                ast::HeadTerm::Agg(kind, args, span) => {
+                ast::HeadTerm::Agg(kind, args, _, span) => {
                     if args.len() != kind.arity() {
                         let shape = match kind {
                             AggKind::Count => "count()".to_string(),

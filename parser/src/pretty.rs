@@ -66,13 +66,19 @@ fn rule(out: &mut String, r: &Rule) {
         .iter()
         .map(|t| match t {
             HeadTerm::Expr(e) => expr(e),
-            HeadTerm::Agg(k, args, _) => format!("{}({})", k.keyword(), args.iter().map(expr).collect::<Vec<_>>().join(", ")),
+            HeadTerm::Agg(k, args, default, _) => {
+                let d = default.as_ref().map(|d| format!(" default {}", expr(d))).unwrap_or_default();
+                format!("{}({}){d}", k.keyword(), args.iter().map(expr).collect::<Vec<_>>().join(", "))
+            }
         })
         .collect();
     let _ = write!(out, "{}({})", r.head.name, terms.join(", "));
     if !r.body.is_empty() {
         let items: Vec<String> = r.body.iter().map(body_item).collect();
         let _ = write!(out, " :- {}", items.join(", "));
+        if let Some(p) = &r.per {
+            let _ = write!(out, " per {}", atom(p));
+        }
     }
     out.push('.');
 }

@@ -432,12 +432,19 @@ impl P {
             }
             Err(_) => (i, vec![]),
         };
-        let expected_end = if body.is_empty() { "`:-` or `.`" } else { "`,` or `.` ending the rule" };
+        let (i, per) = match self.keyword(i, "per") {
+            Ok((r, ())) if !body.is_empty() => {
+                let (r, a) = commit(self.atom(r))?;
+                (r, Some(a))
+            }
+            _ => (i, None),
+        };
+        let expected_end = if body.is_empty() { "`:-` or `.`" } else { "`,`, `per` or `.` ending the rule" };
         let (end, _) = commit(self.tok_dot(i).or_else(|_| fail(i, expected_end)))?;
         let dot_end = self.pos(i) + 1;
         let span = Span::new(self.file, self.pos(start), dot_end);
         let head_span = Span::new(self.file, self.pos(start), head_end);
-        Ok((end, Rule { head, head_terms, head_span, body, span }))
+        Ok((end, Rule { head, head_terms, head_span, body, per, span }))
     }
 
     /// A `.` that is not the start of `..`.
@@ -475,8 +482,17 @@ impl P {
                 let function = matches!(kind, AggKind::Min | AggKind::Max) && args.len() == 2;
                 if !function {
                     let (r2, _) = self.tok(r, ")").or_else(|_| fail(r, "`,` or `)`"))?;
-                    let span = Span::new(self.file, self.pos(i), self.pos(r) + 1);
-                    return Ok((r2, HeadTerm::Agg(kind, args, span)));
+                    let mut end = self.pos(r) + 1;
+                    let (r2, default) = match self.keyword(r2, "default") {
+                        Ok((r3, ())) => {
+                            let (r4, e) = commit(self.expr(r3))?;
+                            end = e.span.end;
+                            (r4, Some(Box::new(e)))
+                        }
+                        Err(_) => (r2, None),
+                    };
+                    let span = Span::new(self.file, self.pos(i), end);
+                    return Ok((r2, HeadTerm::Agg(kind, args, default, span)));
                 }
             }
         }

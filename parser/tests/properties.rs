@@ -134,9 +134,9 @@ fn body_item() -> impl Strategy<Value = BodyItem> {
 fn head_term() -> impl Strategy<Value = HeadTerm> {
     prop_oneof![
         expr().prop_map(HeadTerm::Expr),
-        Just(HeadTerm::Agg(AggKind::Count, vec![], Span::default())),
-        (prop_oneof![Just(AggKind::Sum), Just(AggKind::Min), Just(AggKind::Max)], expr()).prop_map(|(k, e)| HeadTerm::Agg(k, vec![e], Span::default())),
-        (prop_oneof![Just(AggKind::ArgMax), Just(AggKind::ArgMin)], expr(), expr()).prop_map(|(k, a, b)| HeadTerm::Agg(k, vec![a, b], Span::default())),
+        proptest::option::of(expr()).prop_map(|d| HeadTerm::Agg(AggKind::Count, vec![], d.map(Box::new), Span::default())),
+        (prop_oneof![Just(AggKind::Sum), Just(AggKind::Min), Just(AggKind::Max)], expr()).prop_map(|(k, e)| HeadTerm::Agg(k, vec![e], None, Span::default())),
+        (prop_oneof![Just(AggKind::ArgMax), Just(AggKind::ArgMin)], expr(), expr()).prop_map(|(k, a, b)| HeadTerm::Agg(k, vec![a, b], None, Span::default())),
     ]
 }
 
@@ -160,8 +160,12 @@ fn item() -> impl Strategy<Value = Item> {
         proptest::collection::vec("[a-z ]{0,5}".prop_map(|v| (v, Span::default())), 1..4).prop_map(TypeDef::Enum),
     ];
     let type_decl = (ident(), def, doc).prop_map(|(name, def, doc)| Item::Type(TypeDecl { name, def, doc, span: Span::default() }));
-    let rule = (ident(), proptest::collection::vec(head_term(), 0..4), proptest::collection::vec(body_item(), 0..4))
-        .prop_map(|(head, head_terms, body)| Item::Rule(Rule { head, head_terms, head_span: Span::default(), body, span: Span::default() }));
+    let rule = (ident(), proptest::collection::vec(head_term(), 0..4), proptest::collection::vec(body_item(), 0..4), proptest::option::of(atom())).prop_map(
+        |(head, head_terms, body, per)| {
+            let per = per.filter(|_| !body.is_empty());
+            Item::Rule(Rule { head, head_terms, head_span: Span::default(), body, per, span: Span::default() })
+        },
+    );
     prop_oneof![decl, type_decl, rule]
 }
 
@@ -253,7 +257,7 @@ fn strip_item(i: Item) -> Item {
                 .into_iter()
                 .map(|t| match t {
                     HeadTerm::Expr(e) => HeadTerm::Expr(strip_expr(e)),
-                    HeadTerm::Agg(k, es, _) => HeadTerm::Agg(k, es.into_iter().map(strip_expr).collect(), d),
+                    HeadTerm::Agg(k, es, def, _) => HeadTerm::Agg(k, es.into_iter().map(strip_expr).collect(), def.map(|e| Box::new(strip_expr(*e))), d),
                 })
                 .collect(),
             head_span: d,
@@ -267,6 +271,7 @@ fn strip_item(i: Item) -> Item {
                     BodyItem::Range(v, lo, hi, _) => BodyItem::Range(strip_ident(v), strip_expr(lo), strip_expr(hi), d),
                 })
                 .collect(),
+            per: r.per.map(strip_atom),
             span: d,
         }),
     }

@@ -504,12 +504,13 @@ impl EtcdCluster {
                         return c;
                     }
                 }
-            } else if let Ok(mut c) = Client::connect(&endpoints, None).await {
-                if c.get("x", None).await.is_ok() {
+            } else if let Ok(mut c) = ccattler_store::etcd::connect(&ccattler_store::EtcdConfig { endpoints: endpoints.clone(), user: None, tls: None }).await {
+                // Pinned to one member that answers with a quorum behind it.
+                if !self.secret_key().exists() {
                     ccattler_store::seal::ClusterKeys::create(&self.secret_key()).expect("cluster key");
-                    ccattler_store::auth::bootstrap(&mut c, &self.credentials()).await.expect("bootstrap");
-                    continue;
                 }
+                ccattler_store::auth::bootstrap(&mut c, &self.credentials()).await.expect("bootstrap");
+                continue;
             }
             assert!(Instant::now() < deadline, "the etcd cluster did not answer");
             tokio::time::sleep(Duration::from_millis(100)).await;
