@@ -347,12 +347,14 @@ async fn agent_kills() {
     let kills = env_or("FAULTS_AGENT_KILLS", 20);
     let dir = fresh_dir("faults-agents");
     let cluster = EtcdCluster::start(dir.clone());
-    let mut etcd = cluster.client().await;
+    let _ = cluster.client().await;
     let urls = cluster.urls();
     let _c = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "agents", &shipped_rules(), &[], &[]);
     let root = dir.join("agents");
     std::fs::create_dir_all(&root).unwrap();
     let mut agents: Vec<Agent> = (1..=3).map(|n| Agent::start_on(&urls, &cluster.credentials(), &root, n, 8000, 16384, &[])).collect();
+    // Adding the agents' users changed etcd's auth store: older tokens are refused.
+    let mut etcd = cluster.client().await;
     put_retry(&cluster, "desired/service/many/image", "builtin:http").await;
     put_retry(&cluster, "desired/service/many/cpu", "100").await;
     put_retry(&cluster, "intent/user/service/many/instances", "30").await;

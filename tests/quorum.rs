@@ -34,7 +34,7 @@ async fn losing_the_leading_member_listed_first_stops_nothing_while_a_quorum_sta
     let _serial = serial();
     let dir = fresh_dir("quorum");
     let mut cluster = EtcdCluster::start(dir.clone());
-    let mut root = cluster.client().await;
+    let _ = cluster.client().await;
     let urls = cluster.urls();
     let c = Controller::start_with(
         &urls,
@@ -48,6 +48,8 @@ async fn losing_the_leading_member_listed_first_stops_nothing_while_a_quorum_sta
     let agent_dir = dir.join("agents");
     std::fs::create_dir_all(&agent_dir).unwrap();
     let _agent = Agent::start_on(&urls, &cluster.credentials(), &agent_dir, 1, 4000, 8192, &[]);
+    // Adding the agent's user changed etcd's auth store: older tokens are refused.
+    let mut root = cluster.client().await;
     root.put("desired/service/web/image", "builtin:http", None).await.unwrap();
     root.put("intent/user/service/web/instances", "1", None).await.unwrap();
     wait_for("web-0 serves", Duration::from_secs(30), || {
