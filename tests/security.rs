@@ -354,3 +354,25 @@ async fn bootstrap_once_then_add_rotate_and_remove_a_node_and_reseal_under_a_new
     assert_ne!(ccattler_store::seal::ClusterKeys::sealed_with(&sealed), Some(first_id.as_str()));
     assert_eq!(new_only.open("db", &sealed).unwrap().as_slice(), b"v1", "the new key alone opens it");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn adding_a_node_changes_no_leading_controllers_state_it_reconnects_with_a_new_token() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    etcd.put("intent/user/service/web/instances", "1", None).await.unwrap();
+    let c = Controller::start("tokens", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+    // Users and roles change: tokens issued before are refused by etcd.
+    let mut root = fresh_etcd_keep().await;
+    let node = format!("late-{}", std::process::id());
+    ensure_agent_user(&mut root, &credentials(), &node).await;
+    let mut root = fresh_etcd_keep().await;
+    root.put("intent/user/service/web/instances", "3", None).await.unwrap();
+    wait_for("the change written", T, || {
+        let mut e = root.clone();
+        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3") }
+    })
+    .await;
+    assert_eq!(c.log().matches("snapshot loaded").count(), 1, "an auth change made the controller read everything again:\n{}", c.log());
+    let _ = ccattler_store::auth::remove_node(&mut root, &node).await;
+}

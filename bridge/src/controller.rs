@@ -520,6 +520,18 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                             leader = None;
                         }
                     }
+                    // Users or roles changed (a node was added): a new token
+                        // will do; the state and the watch stay as they are.
+                    Err(e) if etcd::is_stale_auth(&e) => match etcd::connect(&cfg.etcd).await {
+                        Ok(c) => {
+                            info!("etcd's users or roles changed; connected again with a new token");
+                            client = c;
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "reconnecting after an auth change failed");
+                            continue 'connect;
+                        }
+                    },
                     Err(e) => {
                         warn!(error = %e, "write-back failed; reconnecting");
                         shared.metrics.write_failure("connection");
@@ -605,6 +617,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         match etcd::write(&mut client, &l.fence, &[], Some((CLOCK_KEY, now.to_string()))).await {
                             Ok(Written::Committed(_)) => c.written = Some(now),
                             Ok(Written::Refused(_)) => warn!("the clock was not written: leadership changed"),
+                            Err(e) if etcd::is_stale_auth(&e) => match etcd::connect(&cfg.etcd).await {
+                                Ok(fresh) => client = fresh,
+                                Err(_) => continue 'connect,
+                            },
                             Err(e) => {
                                 warn!(error = %e, "writing the clock failed; reconnecting");
                                 continue 'connect;

@@ -253,6 +253,13 @@ pub fn permanent_refusal(e: &EtcdError) -> Option<String> {
     }
 }
 
+/// Whether etcd refused a request because its client's auth token predates
+/// a change to users or roles (`auth add-node`, `rotate`): a new connection
+/// (a new token) is all it takes.
+pub fn is_stale_auth(e: &EtcdError) -> bool {
+    matches!(e, EtcdError::GRpcStatus(s) if s.message().contains("revision of auth store is old") || s.message().contains("invalid auth token"))
+}
+
 /// Whether a response was over the gRPC message size limit.
 fn is_too_large(e: &EtcdError) -> bool {
     let text = e.to_string();

@@ -51,6 +51,11 @@ pub async fn fresh_etcd() -> Client {
     c
 }
 
+/// A root client of the shared etcd, without wiping it.
+pub async fn fresh_etcd_keep() -> Client {
+    connect_as(&etcd_url(), &credentials(), "root").await
+}
+
 /// Creates node `node`'s agent user on the etcd `root` is a client of, if it
 /// does not exist yet (its password goes to `creds`).
 pub async fn ensure_agent_user(root: &mut Client, creds: &Path, node: &str) {
