@@ -172,3 +172,46 @@ fn a_rule_file_that_is_not_utf8_exits_1_at_its_first_bad_byte() {
     let err = text(&out.stderr);
     assert!(err.contains("bad.rules:2:7") && err.contains("byte 0xe9 is not UTF-8"), "{err}");
 }
+
+/// Every ```test block of docs/testing.md passes against the shipped rules;
+/// every ```test-fails block fails with the text of the block after it.
+#[test]
+fn docs_testing_examples_run_as_documented() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/testing.md")).unwrap();
+    let dir = tempdir("docs-testing");
+    std::fs::create_dir_all(dir.join("fixtures")).unwrap();
+    for f in std::fs::read_dir(root.join("rules/tests/fixtures")).unwrap().flatten() {
+        std::fs::copy(f.path(), dir.join("fixtures").join(f.file_name())).unwrap();
+    }
+    let mut blocks: Vec<(String, String)> = Vec::new();
+    let mut lines = doc.lines();
+    while let Some(line) = lines.next() {
+        if let Some(kind) = line.strip_prefix("```").filter(|k| !k.is_empty()) {
+            let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+            blocks.push((kind.to_string(), body.join("\n") + "\n"));
+        } else if line == "```" {
+            let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+            blocks.push((String::new(), body.join("\n")));
+        }
+    }
+    let mut ran = 0;
+    for (i, (kind, body)) in blocks.iter().enumerate() {
+        if kind != "test" && kind != "test-fails" {
+            continue;
+        }
+        let file = dir.join(format!("example-{i}.test"));
+        std::fs::write(&file, body).unwrap();
+        let out = ccattler(&["test", file.to_str().unwrap(), "--rules", root.join("rules").to_str().unwrap()]);
+        let printed = text(&out.stdout);
+        if kind == "test" {
+            assert!(out.status.success(), "docs/testing.md example {i} fails:\n{body}\n{printed}{}", text(&out.stderr));
+        } else {
+            assert_eq!(out.status.code(), Some(1), "docs/testing.md example {i} should fail:\n{printed}");
+            let expected = &blocks[i + 1].1;
+            assert!(printed.contains(expected.trim()), "example {i} fails otherwise than documented:\n{printed}\nexpected:\n{expected}");
+        }
+        ran += 1;
+    }
+    assert!(ran >= 3, "only {ran} examples");
+}

@@ -1,31 +1,8 @@
 //! Rule tests: data files of cases, each with facts in, a sequence of changes,
 //! and expectations after each step. `ccattler test` runs them through the
-//! same [`Session`] as `eval` (engine plus write-back to a fixed point).
-//!
-//! ```text
-//! case intent: the largest count any writer asks for
-//! given
-//!   intent/user/service/web/instances = 3
-//!   intent/autoscaler/service/web/instances = 5
-//! expect contains
-//!   effective/service/web/instances = 5
-//! when
-//!   - intent/autoscaler/service/web/instances
-//! expect contains
-//!   effective/service/web/instances = 3
-//! expect absent
-//!   effective/instance/web-3/service
-//! expect count placement/instance/ = 3
-//! ```
-//!
-//! Sections: `given` (facts before the first check), `when` (puts `K = V`,
-//! deletes `- K` and `include FILE`, a facts file relative to the test file,
-//! applied in one revision), `expect contains` (each fact is
-//! derived; a value `*` matches any value), `expect exact` (the derived facts
-//! under the listed keys' common prefixes are exactly these), `expect absent`
-//! (these keys are not derived), `expect count PREFIX = N` (N derived keys
-//! start with PREFIX), `expect rejected` (these input keys are rejected).
-//! `#` starts a comment; values follow the facts-file rules.
+//! same [`Session`] as `eval` (engine plus write-back to a fixed point). The
+//! format is documented in docs/testing.md (its examples are run by the
+//! tests).
 
 use crate::factfile;
 use crate::session::{Session, SessionError, Write};
@@ -48,6 +25,8 @@ pub enum Expect {
     Absent(Vec<String>),
     Count(String, usize),
     Rejected(Vec<String>),
+    /// Output keys with two values (a conflict), expected.
+    Conflict(Vec<String>),
 }
 
 #[derive(Clone, Debug)]
@@ -81,6 +60,7 @@ enum Section {
     Exact,
     Absent,
     Rejected,
+    Conflict,
 }
 
 /// Parses a test file into cases; `include PATH` lines read facts files
@@ -122,12 +102,13 @@ pub fn parse_with(file: &str, text: &str, include: &dyn Fn(&str) -> Result<(Stri
                 section = Section::Writes;
                 continue;
             }
-            "expect contains" | "expect exact" | "expect absent" | "expect rejected" => {
+            "expect contains" | "expect exact" | "expect absent" | "expect rejected" | "expect conflict" => {
                 let step = case.steps.last_mut().ok_or_else(|| err("`expect` needs a `given` before it".into()))?;
                 let (s, e) = match t {
                     "expect contains" => (Section::Contains, Expect::Contains(vec![])),
                     "expect exact" => (Section::Exact, Expect::Exact(vec![])),
                     "expect absent" => (Section::Absent, Expect::Absent(vec![])),
+                    "expect conflict" => (Section::Conflict, Expect::Conflict(vec![])),
                     _ => (Section::Rejected, Expect::Rejected(vec![])),
                 };
                 step.checks.push(Check { line, expect: e });
@@ -145,7 +126,7 @@ pub fn parse_with(file: &str, text: &str, include: &dyn Fn(&str) -> Result<(Stri
             continue;
         }
         if t.starts_with("expect") {
-            return Err(err(format!("unknown expectation `{t}`: use expect contains, exact, absent, rejected, or count PREFIX = N")));
+            return Err(err(format!("unknown expectation `{t}`: use expect contains, exact, absent, rejected, conflict, or count PREFIX = N")));
         }
         let step = case.steps.last_mut();
         match (section, step) {
@@ -168,8 +149,8 @@ pub fn parse_with(file: &str, text: &str, include: &dyn Fn(&str) -> Result<(Stri
                     _ => unreachable!(),
                 }
             }
-            (Section::Absent | Section::Rejected, Some(step)) => match &mut step.checks.last_mut().expect("section has a check").expect {
-                Expect::Absent(keys) | Expect::Rejected(keys) => keys.push(t.to_string()),
+            (Section::Absent | Section::Rejected | Section::Conflict, Some(step)) => match &mut step.checks.last_mut().expect("section has a check").expect {
+                Expect::Absent(keys) | Expect::Rejected(keys) | Expect::Conflict(keys) => keys.push(t.to_string()),
                 _ => unreachable!(),
             },
             _ => return Err(err(format!("`{t}` is outside a section: start one with given, when or expect"))),
@@ -220,12 +201,38 @@ pub fn run(program: &Arc<Program>, case: &Case) -> CaseResult {
         let mut session = Session::new(program.clone(), 1)?;
         let mut failures = Vec::new();
         for step in &case.steps {
+            let conflicts_before: std::collections::BTreeSet<String> = session.conflicts().map(|c| c.key.clone()).collect();
             session.write(&step.writes)?;
             for check in &step.checks {
                 let diffs = evaluate(&session, &check.expect);
                 if !diffs.is_empty() {
                     failures.push(Failure { line: check.line, differences: diffs });
                 }
+            }
+            // What the step did and did not expect: a rejected write, a new
+            // conflict, a key no rule reads — each a failure unless expected.
+            let expected = |f: fn(&Expect) -> Option<&Vec<String>>| -> Vec<&String> { step.checks.iter().filter_map(|c| f(&c.expect)).flatten().collect() };
+            let rejected_ok = expected(|e| if let Expect::Rejected(k) = e { Some(k) } else { None });
+            let conflict_ok = expected(|e| if let Expect::Conflict(k) = e { Some(k) } else { None });
+            let mut surprises = Vec::new();
+            for (key, value) in step.writes.iter().filter_map(|(k, v)| Some((k, v.as_ref()?))) {
+                if let Some(why) = session.rejected().get(key) {
+                    if !rejected_ok.contains(&key) {
+                        surprises.push(format!("rejected   {key}: {why} (if that is the point: expect rejected)"));
+                    }
+                } else if let Some(crate::facts::Lint::Unread { near }) = crate::facts::lint(program, key, value) {
+                    if !crate::facts::is_output_key(program, key) {
+                        let hint = near.map(|n| format!("; did you mean {n}?")).unwrap_or_default();
+                        surprises.push(format!("unread     {key}: no rule reads it{hint}"));
+                    }
+                }
+            }
+            for c in session.conflicts().filter(|c| !conflicts_before.contains(&c.key) && !conflict_ok.contains(&&c.key)) {
+                let values: Vec<String> = c.values.iter().map(|(v, rules)| format!("{v:?} from {}", rules.join(", "))).collect();
+                surprises.push(format!("conflict   {}: {} (if that is the point: expect conflict)", c.key, values.join("; ")));
+            }
+            if !surprises.is_empty() {
+                failures.push(Failure { line: step.line, differences: surprises });
             }
         }
         Ok(failures)
@@ -281,8 +288,16 @@ fn evaluate(session: &Session, expect: &Expect) -> Vec<String> {
         }
         Expect::Rejected(keys) => {
             for k in keys {
-                if !session.rejected().contains_key(k) {
+                let derived_record = k.starts_with(crate::facts::REJECTED_DERIVED) && session.record(k).is_some();
+                if !session.rejected().contains_key(k) && !derived_record {
                     diffs.push(format!("accepted   {k} (expected it rejected)"));
+                }
+            }
+        }
+        Expect::Conflict(keys) => {
+            for k in keys {
+                if !session.conflicts().any(|c| c.key == *k) {
+                    diffs.push(format!("no conflict {k} (expected two values)"));
                 }
             }
         }

@@ -181,6 +181,11 @@ impl Session {
     pub fn rejected(&self) -> &BTreeMap<String, String> {
         &self.inputs.rejected
     }
+    /// A record the session wrote back (`status/rejected/…`), if it holds one.
+    pub fn record(&self, key: &str) -> Option<&String> {
+        self.stored_records.get(key)
+    }
+
     pub fn conflicts(&self) -> impl Iterator<Item = &Conflict> {
         self.outputs.conflicts.values()
     }
