@@ -276,6 +276,16 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
+    /// What a relation or a key is: its columns, key pattern, doc, and the
+    /// rules that derive and read it (every relation when none is given).
+    Describe {
+        /// A relation name, or a key (`effective/service/web/instances`).
+        what: Option<String>,
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
     /// Evaluate the rules offline over a facts file; print every derived fact.
     Eval {
         /// Facts file: one `KEY = VALUE` a line.
@@ -422,6 +432,7 @@ pub fn main() -> ExitCode {
             None => explain(&key, why_not, facts.as_deref(), revision, &etcd, &rules, depth, format),
         },
         Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
+        Command::Describe { what, rules, format } => describe(what.as_deref(), &rules, format),
         Command::Test { paths, rules, run, format } => test(paths, &rules, run.as_deref(), format),
     };
     match result {
@@ -679,6 +690,34 @@ fn exit_on_panic() {
         default(info);
         std::process::exit(70);
     }));
+}
+
+fn describe(what: Option<&str>, rules: &std::path::Path, format: Format) -> anyhow::Result<ExitCode> {
+    use ccattler_parser::describe;
+    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let found = match what {
+        None => describe::all(&program),
+        Some(w) => match program.relation(w) {
+            Some(rel) => vec![describe::relation(&program, rel)],
+            None => describe::key(&program, w),
+        },
+    };
+    if found.is_empty() {
+        let w = what.unwrap_or_default();
+        let names: Vec<&str> = program.relations.iter().map(|r| r.name.as_str()).filter(|n| !n.contains('#')).collect();
+        let near = names.iter().map(|n| (ccattler_parser::check::edit_distance(n, w), *n)).min().filter(|(d, n)| *d <= 2.max(n.len() / 4));
+        let hint = near.map(|(_, n)| format!("; did you mean {n}?")).unwrap_or_default();
+        eprintln!("error: {w:?} is neither a relation nor a key any relation reads or writes{hint}");
+        return Ok(ExitCode::from(1));
+    }
+    match format {
+        Format::Text => {
+            let texts: Vec<String> = found.iter().map(describe::render).collect();
+            print!("{}", texts.join("\n"));
+        }
+        Format::Json => println!("{}", serde_json::to_string(&found)?),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn usage_error(e: anyhow::Error) -> ExitCode {

@@ -521,7 +521,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         }
                     }
                     // Users or roles changed (a node was added): a new token
-                        // will do; the state and the watch stay as they are.
+                    // will do; the state and the watch stay as they are.
                     Err(e) if etcd::is_stale_auth(&e) => match etcd::connect(&cfg.etcd).await {
                         Ok(c) => {
                             info!("etcd's users or roles changed; connected again with a new token");

@@ -4,6 +4,7 @@
 
 pub mod ast;
 pub mod check;
+pub mod describe;
 pub mod diag;
 pub mod pattern;
 pub mod pretty;

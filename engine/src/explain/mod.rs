@@ -179,6 +179,10 @@ pub struct Explanation {
     pub revision: u64,
     /// Whether the asked key (and value) is derived.
     pub holds: bool,
+    /// The relation the key belongs to, and its `///` doc.
+    pub relation: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doc: Option<String>,
     /// One derivation tree per derived fact for the key.
     pub proofs: Vec<Node>,
     /// When it does not hold (and `--why-not` was asked, or always when it
@@ -253,7 +257,18 @@ pub fn explain(db: &Db, key: &str, value: Option<&str>, why_not: bool, opts: Opt
         proofs.push(prover.prove(rel, row).map_err(ExplainError::Facts)?);
     }
     let why_not = if !holds && why_not { Some(whynot::why_not(db, rel, &pattern, opts).map_err(ExplainError::Facts)?) } else { None };
-    Ok(Explanation { schema: SCHEMA.into(), key: key.into(), value: value.map(str::to_string), revision: db.revision, holds, proofs, why_not })
+    let r = &db.program.relations[rel];
+    Ok(Explanation {
+        schema: SCHEMA.into(),
+        key: key.into(),
+        value: value.map(str::to_string),
+        revision: db.revision,
+        holds,
+        relation: r.name.clone(),
+        doc: r.doc.clone(),
+        proofs,
+        why_not,
+    })
 }
 
 /// A rule's named variables and their values (unbound ones left out).

@@ -6,6 +6,12 @@ use std::fmt::Write;
 
 pub fn text(e: &Explanation) -> String {
     let mut out = String::new();
+    // What the key is, in the rules' own words.
+    if let Some(doc) = &e.doc {
+        for l in doc.lines() {
+            let _ = writeln!(out, "# {}: {l}", e.relation);
+        }
+    }
     let asked = match &e.value {
         Some(v) => format!("{} = {v}", e.key),
         None => e.key.clone(),
