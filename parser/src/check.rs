@@ -1102,10 +1102,25 @@ impl Checker {
                 if neg || r.has_aggregate() {
                     let cycle = self.cycle_names(&deps, &comp, r.head, rel);
                     let what = if neg { "negation" } else { "aggregation" };
-                    self.diags.push(Diagnostic::error("unstratifiable", b.span, format!("{what} through recursion: {cycle}")).with_help(format!(
-                        "a relation cannot depend on its own {}: break the cycle with an intermediate relation computed from inputs only",
-                        if neg { "absence" } else { "aggregate" }
-                    )));
+                    let (head, via) = (&self.relations[r.head].name, &self.relations[rel].name);
+                    let mut d = Diagnostic::error("unstratifiable", b.span, format!("{what} through recursion: {cycle}"));
+                    // Every step of the cycle, at the rule behind it.
+                    for (rule_span, step) in self.cycle_steps(&deps, &comp, r.head, rel) {
+                        d = d.with_note(rule_span, step);
+                    }
+                    let help = if neg {
+                        format!(
+                            "`{head}` cannot depend on the absence of `{via}` while `{via}` depends on `{head}`: derive `{via}` without reading \
+                             `{head}` (from inputs, or relations computed before `{head}`), or read what `{head}` derived back from etcd \
+                             through an input (as placement reads `placed`), so the negation sees a settled value"
+                        )
+                    } else {
+                        format!(
+                            "`{head}` cannot aggregate over `{via}` while `{via}` depends on `{head}`: aggregate over a relation computed \
+                             without `{head}`, or read what `{head}` derived back from etcd through an input"
+                        )
+                    };
+                    self.diags.push(d.with_help(help));
                 }
             }
         }
@@ -1128,6 +1143,56 @@ impl Checker {
     }
 
     /// A readable cycle `a -> b -> a` from `head` through `via` back to `head`.
+    /// The cycle `head` → `via` → … → `head` as (span of the literal, "`a` reads `b`") steps.
+    fn cycle_steps(&self, deps: &[Vec<RelId>], comp: &[usize], head: RelId, via: RelId) -> Vec<(Span, String)> {
+        let mut order = vec![head];
+        order.extend(self.cycle_path(deps, comp, head, via));
+        let mut out = Vec::new();
+        for pair in order.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let lit = self.rules.iter().filter(|r| r.head == a).find_map(|r| {
+                r.body.iter().find(|l| matches!(&l.lit, Lit::Pos { rel, .. } | Lit::Neg { rel, .. } if *rel == b)).map(|l| (l.span, matches!(l.lit, Lit::Neg { .. })))
+            });
+            if let Some((span, neg)) = lit {
+                let how = if neg { "reads the absence of" } else { "reads" };
+                out.push((span, format!("`{}` {how} `{}` here", self.relations[a].name, self.relations[b].name)));
+            }
+        }
+        out
+    }
+
+    /// via, …, head: the path back to `head` inside the component.
+    fn cycle_path(&self, deps: &[Vec<RelId>], comp: &[usize], head: RelId, via: RelId) -> Vec<RelId> {
+        let c = comp[head];
+        let mut prev: HashMap<RelId, RelId> = HashMap::new();
+        let mut queue = std::collections::VecDeque::from([via]);
+        let mut seen = BTreeSet::from([via]);
+        while let Some(x) = queue.pop_front() {
+            if x == head {
+                break;
+            }
+            for &y in &deps[x] {
+                if comp[y] == c && seen.insert(y) {
+                    prev.insert(y, x);
+                    queue.push_back(y);
+                }
+            }
+        }
+        let mut path = vec![head];
+        let mut cur = head;
+        while cur != via {
+            match prev.get(&cur) {
+                Some(&p) => {
+                    path.push(p);
+                    cur = p;
+                }
+                None => break,
+            }
+        }
+        path.reverse();
+        path
+    }
+
     fn cycle_names(&self, deps: &[Vec<RelId>], comp: &[usize], head: RelId, via: RelId) -> String {
         // BFS from `via` to `head` inside the component.
         let c = comp[head];
