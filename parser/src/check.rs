@@ -339,6 +339,14 @@ impl Checker {
             );
             return;
         }
+        let in_per = |g: &str| per.args.iter().any(|a| matches!(&a.kind, ExprKind::Var(v) if v == g));
+        if let Some(g) = group_vars.iter().flatten().find(|g| !in_per(g)) {
+            self.error(
+                Diagnostic::error("per-group", per.span, format!("the `per` atom must list the groups, but it does not bind the group `{g}`"))
+                    .with_help(format!("use `{g}` in the `per` atom, the relation whose rows are the groups: `… per {}(…{g}…)`", per.relation.name)),
+            );
+            return;
+        }
         let columns = self.relations[head].columns.clone();
         if columns.len() != r.head_terms.len() {
             return self.rule_checked(r); // the arity error is reported there
@@ -1151,7 +1159,10 @@ impl Checker {
         for pair in order.windows(2) {
             let (a, b) = (pair[0], pair[1]);
             let lit = self.rules.iter().filter(|r| r.head == a).find_map(|r| {
-                r.body.iter().find(|l| matches!(&l.lit, Lit::Pos { rel, .. } | Lit::Neg { rel, .. } if *rel == b)).map(|l| (l.span, matches!(l.lit, Lit::Neg { .. })))
+                r.body
+                    .iter()
+                    .find(|l| matches!(&l.lit, Lit::Pos { rel, .. } | Lit::Neg { rel, .. } if *rel == b))
+                    .map(|l| (l.span, matches!(l.lit, Lit::Neg { .. })))
             });
             if let Some((span, neg)) = lit {
                 let how = if neg { "reads the absence of" } else { "reads" };

@@ -25,3 +25,50 @@ fn docs_examples_check() {
     }
     assert!(blocks >= 10, "found only {blocks} examples");
 }
+
+/// The grammar at the end of docs/language.md names the parser's keywords,
+/// aggregates, functions and the `assign` built-in's arity as they are.
+#[test]
+fn docs_grammar_matches_the_parser() {
+    use ccattler_parser::ast::{AggKind, Func, KEYWORDS};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/language.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let grammar = &doc[doc.find("## Grammar").expect("a Grammar section")..];
+    let line = |name: &str| -> String {
+        let start = grammar.find(&format!("\n{name} ")).unwrap_or_else(|| panic!("grammar has no `{name}` line"));
+        let rest = &grammar[start + 1..];
+        // A production runs to its `;` (it may span lines).
+        rest[..rest.find(" ;").unwrap()].to_string()
+    };
+    let quoted = |text: &str| -> Vec<String> { text.split('"').skip(1).step_by(2).map(str::to_string).collect() };
+    let mut keywords = quoted(&line("KEYWORDS"));
+    keywords.sort();
+    let mut want: Vec<String> = KEYWORDS.iter().map(|k| k.to_string()).collect();
+    want.sort();
+    assert_eq!(keywords, want, "KEYWORDS in docs/language.md");
+    let mut functions = quoted(&line("FUNCTION"));
+    functions.sort();
+    let mut want: Vec<String> = Func::ALL.iter().map(|f| f.name().to_string()).collect();
+    want.sort();
+    assert_eq!(functions, want, "FUNCTION in docs/language.md");
+    let aggregate = line("aggregate");
+    for k in AggKind::ALL {
+        assert!(quoted(&aggregate).contains(&k.keyword().to_string()), "aggregate `{}` missing from the grammar", k.keyword());
+    }
+    let builtin = line("builtin");
+    let arity = builtin.matches("IDENT").count();
+    let documented = "assign(pending, offer, spread, restricted, allowed)".matches(',').count() + 1;
+    assert_eq!(arity, documented, "assign's arity in the grammar");
+    // And the parser accepts exactly that arity.
+    let call = |n: usize| {
+        let args: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+        let decls: String = (0..n).map(|i| format!("relation r{i}(x: int)\nr{i}(1).\n")).collect();
+        format!("{decls}relation a(instance: name, node: name) = assign({})\n", args.join(", "))
+    };
+    let arity_errors = |n: usize| {
+        let checked = ccattler_parser::check_str("t.rules", &call(n));
+        checked.diagnostics.iter().filter(|d| d.code == "builtin-arity").count()
+    };
+    assert!(arity_errors(arity - 1) > 0, "assign with {} arguments must be refused", arity - 1);
+    assert_eq!(arity_errors(arity), 0, "assign with {arity} arguments must be accepted");
+}
