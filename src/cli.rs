@@ -286,6 +286,10 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
+    /// A language server for rule files on stdin/stdout (diagnostics, go to
+    /// definition, references, hover, completion): point an editor's LSP
+    /// client at `ccattler lsp`; see editors/README.md.
+    Lsp,
     /// Evaluate the rules offline over a facts file; print every derived fact.
     Eval {
         /// Facts file: one `KEY = VALUE` a line.
@@ -433,6 +437,7 @@ pub fn main() -> ExitCode {
         },
         Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
         Command::Describe { what, rules, format } => describe(what.as_deref(), &rules, format),
+        Command::Lsp => ccattler_lsp::run_stdio().map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from),
         Command::Test { paths, rules, run, format } => test(paths, &rules, run.as_deref(), format),
     };
     match result {

@@ -72,3 +72,29 @@ fn docs_grammar_matches_the_parser() {
     assert!(arity_errors(arity - 1) > 0, "assign with {} arguments must be refused", arity - 1);
     assert_eq!(arity_errors(arity), 0, "assign with {arity} arguments must be accepted");
 }
+
+/// The editor grammar (editors/vscode) highlights every keyword, function and
+/// aggregate the parser knows, and is valid JSON.
+#[test]
+fn editor_grammar_knows_the_language() {
+    use ccattler_parser::ast::{AggKind, Func, KEYWORDS};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../editors/vscode/syntaxes/ccattler-rules.tmLanguage.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let grammar: serde_json::Value = serde_json::from_str(&text).expect("the grammar is JSON");
+    assert_eq!(grammar["scopeName"], "source.ccattler-rules");
+    // Every word appears as an alternative of some pattern: `(a|b|c)`.
+    let mut words = std::collections::BTreeSet::new();
+    for pattern in text.split('"').filter(|s| s.contains('|')) {
+        for w in pattern.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            words.insert(w.to_string());
+        }
+    }
+    let wanted = KEYWORDS
+        .iter()
+        .map(|k| k.to_string())
+        .chain(Func::ALL.iter().map(|f| f.name().to_string()))
+        .chain(AggKind::ALL.iter().map(|k| k.keyword().to_string()));
+    for w in wanted {
+        assert!(words.contains(&w), "editors/vscode grammar does not highlight `{w}`");
+    }
+}
