@@ -60,6 +60,9 @@ pub fn random_program(rng: &mut Rng) -> String {
                     let agg = *rng.pick(&["count()", "sum(y)", "min(y)", "max(y)", "arg_max(y, z)", "arg_min(z, y)"]);
                     if agg.contains('z') {
                         format!("d{d}(x, {agg}) :- {p}(x, y), {q}(y, z).")
+                    } else if rng.below(4) == 0 {
+                        // Every group `q` lists gets a row; the unmatched the default.
+                        format!("d{d}(x, {agg} default -1) :- {p}(x, y) per {q}(x, _).")
                     } else if rng.below(2) == 0 {
                         // `_` columns still tell matches apart: count() counts
                         // every (x, _, y) match, sum(y) adds y once per match.
