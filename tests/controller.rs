@@ -7,7 +7,6 @@
 mod common;
 use common::*;
 use etcd_client::{Client, GetOptions};
-use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -706,4 +705,46 @@ async fn odd_bytes_are_rejected_and_recorded_never_read_lossily() {
     let empty = get(&mut etcd, "status/rejected/intent/user/service//instances").await.expect("an empty segment is recorded");
     assert!(empty.contains("key segment `service`") && empty.contains("is empty"), "{empty}");
     assert_eq!(get(&mut etcd, "effective/service/web/instances").await.as_deref(), Some("1"));
+}
+
+#[tokio::test]
+async fn a_slow_explanation_never_delays_the_write_back_and_answers_as_of_when_asked() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    etcd.put("intent/user/service/web/instances", "3", None).await.unwrap();
+    // Every explanation takes 8 s longer than it would.
+    let c = Controller::start_with(
+        &etcd_url(),
+        &credentials(),
+        &secret_key(),
+        "slow-explain",
+        &shipped_rules(),
+        &[],
+        &[("CCATTLER_INJECT_EXPLAIN_DELAY_MS", "8000")],
+    );
+    settled(&c, &mut etcd, T).await;
+    let asked_at = revision(&mut etcd).await;
+    let url = format!("http://127.0.0.1:{}", c.port);
+    let asking = std::thread::spawn(move || ccattler(&["explain", "effective/service/web/instances", "--controller", &url, "--format", "json"]));
+    wait_for("the explanation to be under way", T, || async { c.metric("explanations_running") == Some(1.0) }).await;
+    // While it runs, a change is applied and written.
+    let t = Instant::now();
+    let changed_at = etcd.put("intent/user/service/web/instances", "5", None).await.unwrap().header().unwrap().revision();
+    wait_for("web's 5 instances to be written while the explanation runs", Duration::from_secs(6), || {
+        let mut etcd = etcd.clone();
+        async move { keys(&mut etcd, "effective/service/web/instances").await == vec![("effective/service/web/instances".to_string(), "5".to_string())] }
+    })
+    .await;
+    let written_in = t.elapsed();
+    assert_eq!(c.metric("explanations_running"), Some(1.0), "written before the explanation ended");
+    // The answer is of the state when it was asked, not of what came after.
+    let out = asking.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["holds"], true);
+    assert_eq!(v["proofs"][0]["tuple"], serde_json::json!(["web", 3]), "{v}");
+    let answered_at = v["revision"].as_i64().unwrap();
+    assert!(asked_at <= answered_at && answered_at < changed_at, "asked at {asked_at}, changed at {changed_at}: {v}");
+    eprintln!("written {written_in:?} after the change, while an explanation ran");
+    assert!(c.stop().success());
 }

@@ -373,6 +373,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let mut book = SecretBook::default();
     let mut unsealable: Vec<crate::secrets::Unsealable> = Vec::new();
     let (explain_tx, mut explain_rx) = tokio::sync::mpsc::channel::<crate::explain::Asked>(16);
+    // Explanations answered at once; more wait their turn.
+    let explaining = Arc::new(tokio::sync::Semaphore::new(EXPLAIN_AT_ONCE));
     let shared = Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new(), explain: explain_tx, health: Health::new(cfg.stall_bound) });
     if let Some(addr) = cfg.listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -645,9 +647,24 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                 }
                 Some(asked) = explain_rx.recv() => {
-                    // Answered between revisions, from the state at r.revision().
-                    let answer = tokio::task::block_in_place(|| crate::explain::served(r, &asked.question));
-                    let _ = asked.reply.send(answer);
+                    // Frozen at r.revision() (a cheap copy) and answered on a
+                    // thread of its own, a few at a time: the loop goes on
+                    // applying and writing meanwhile.
+                    match crate::explain::Frozen::of(r) {
+                        Ok(frozen) => {
+                            let (permits, shared) = (explaining.clone(), shared.clone());
+                            tokio::spawn(async move {
+                                let Ok(_permit) = permits.acquire_owned().await else { return };
+                                shared.metrics.explaining.inc();
+                                let answer = tokio::task::spawn_blocking(move || frozen.answer(&asked.question)).await;
+                                shared.metrics.explaining.dec();
+                                if let Ok(answer) = answer {
+                                    let _ = asked.reply.send(answer);
+                                }
+                            });
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
                 }
                 _ = stop.changed() => return resign(&mut client, leader).await,
                 _ = hup.recv() => match load_rules(&cfg.rules) {
@@ -667,6 +684,9 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         }
     }
 }
+
+/// `/explain` questions answered at the same time (each holds a snapshot).
+const EXPLAIN_AT_ONCE: usize = 2;
 
 /// Keys in a snapshot's first page (later pages are sized by bytes).
 const FIRST_PAGE: i64 = 5000;

@@ -1,7 +1,8 @@
 //! `explain` against a live cluster, two ways:
 //!
-//! * [`served`]: a controller answers from its warm engine at the revision it
-//!   has applied (`GET /explain`), with no snapshot to read or load;
+//! * [`Frozen`]: a controller answers from its warm engine at the revision it
+//!   had applied when the question came (`GET /explain`), with no snapshot
+//!   to read or load, on a thread of its own;
 //! * [`snapshot_session`]: one consistent snapshot of what the rules read, at
 //!   the latest revision or a past one, loaded into an offline session
 //!   (nothing is written).
@@ -42,12 +43,33 @@ pub struct Question {
     pub depth: Option<usize>,
 }
 
-/// Answers a question from a controller's state: its facts are etcd's at
-/// `r.revision()`.
-pub fn served(r: &Reconciler, q: &Question) -> Result<Explanation, ExplainError> {
-    let db = explain::Db::over_engine(r.program(), &r.inputs, r.revision(), r.engine());
-    let opts = Options { depth: q.depth.unwrap_or(Options::default().depth) };
-    explain::explain(&db, &q.key, q.value.as_deref(), q.why_not, opts)
+/// A controller's state frozen at one revision for `/explain`: a cheap copy
+/// of the input facts and a snapshot of the engine's derived relations,
+/// read on another thread while the controller goes on applying and
+/// writing (a slow why-not never delays the write-back).
+pub struct Frozen {
+    program: Arc<Program>,
+    inputs: ccattler_engine::facts::InputFacts,
+    revision: u64,
+    engine: ccattler_engine::Snapshot,
+}
+
+impl Frozen {
+    pub fn of(r: &Reconciler) -> Result<Frozen, ccattler_engine::EngineError> {
+        Ok(Frozen { program: r.program().clone(), inputs: r.inputs.clone(), revision: r.revision(), engine: r.engine().snapshot()? })
+    }
+
+    /// Answers a question: the facts are etcd's at the frozen revision.
+    pub fn answer(&self, q: &Question) -> Result<Explanation, ExplainError> {
+        // A test hook: `CCATTLER_INJECT_EXPLAIN_DELAY_MS=N` makes every
+        // explanation take N ms longer (to test that none delays writes).
+        if let Some(ms) = std::env::var("CCATTLER_INJECT_EXPLAIN_DELAY_MS").ok().and_then(|v| v.parse().ok()) {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+        let db = explain::Db::over_engine(&self.program, &self.inputs, self.revision, &self.engine);
+        let opts = Options { depth: q.depth.unwrap_or(Options::default().depth) };
+        explain::explain(&db, &q.key, q.value.as_deref(), q.why_not, opts)
+    }
 }
 
 /// A question on its way from the HTTP server to the controller's loop.

@@ -27,6 +27,7 @@ pub struct Metrics {
     pub settled: Gauge,
     pub write_failures: Family<FailureLabels, Counter>,
     pub blocked: Gauge,
+    pub explaining: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -50,6 +51,7 @@ impl Metrics {
             settled: Gauge::default(),
             write_failures: Family::default(),
             blocked: Gauge::default(),
+            explaining: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("facts_held", "Input facts plus derived keys held", m.facts.clone());
@@ -64,6 +66,7 @@ impl Metrics {
         registry.register("settled_revision", "Last revision at which the leader found nothing to write", m.settled.clone());
         registry.register("write_failures", "Writes etcd failed or refused for good, by kind", m.write_failures.clone());
         registry.register("blocked_keys", "Derived keys etcd refuses to write (status/blocked/)", m.blocked.clone());
+        registry.register("explanations_running", "/explain questions being answered (off the write-back path)", m.explaining.clone());
         Metrics { registry, ..m }
     }
 

@@ -180,10 +180,13 @@ pub struct Fact {
 }
 
 /// The input side's view of the store: every key an input pattern matches.
-#[derive(Default)]
+/// A clone is cheap and stays as it was while the original changes (a
+/// consistent copy for a reader on another thread).
+#[derive(Default, Clone)]
 pub struct InputFacts {
-    pub facts: BTreeMap<String, Fact>,
-    pub rejected: BTreeMap<String, String>,
+    pub facts: crate::cowmap::CowMap<Fact>,
+    /// Rejected keys and why (few: copied whole when shared and changed).
+    pub rejected: std::sync::Arc<BTreeMap<String, String>>,
 }
 
 impl InputFacts {
@@ -214,7 +217,7 @@ impl InputFacts {
                     out.extend(tuples.into_iter().map(|(rel, row)| (rel, row, 1)));
                     self.facts.insert(record, Fact { value: r.reason.clone(), mod_revision: rev });
                 }
-                self.rejected.insert(r.key, r.reason);
+                std::sync::Arc::make_mut(&mut self.rejected).insert(r.key, r.reason);
             }
         }
     }
@@ -227,7 +230,7 @@ impl InputFacts {
     }
 
     fn remove(&mut self, program: &Program, key: &str, out: &mut Vec<Change>) {
-        if self.rejected.remove(key).is_some() {
+        if self.rejected.contains_key(key) && std::sync::Arc::make_mut(&mut self.rejected).remove(key).is_some() {
             // Its record's tuples leave with it.
             let record = rejection_record(key);
             if let Some(old) = self.facts.remove(&record) {
@@ -252,8 +255,8 @@ impl InputFacts {
         let Some(pattern) = &program.relations[rel].pattern else { return Vec::new() };
         let prefix = pattern.prefix_with(|c| bound.iter().find(|(p, _)| *p == c).map(|(_, v)| v.to_string()));
         self.facts
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
+            .with_prefix(&prefix)
+            .into_iter()
             .filter_map(|(k, f)| decode_one(program, rel, k, &f.value))
             .filter(|row| bound.iter().all(|(p, v)| row[*p] == *v))
             .collect()

@@ -6,6 +6,7 @@
 //! keys and values to input tuples and output tuples back to keys.
 
 pub mod builtin;
+pub mod cowmap;
 pub mod dataflow;
 pub mod explain;
 pub mod factfile;
@@ -17,6 +18,6 @@ pub mod session;
 pub mod synth;
 pub mod value;
 
-pub use runtime::{default_workers, Change, Engine, EngineError};
+pub use runtime::{default_workers, Change, Engine, EngineError, Reads, Snapshot};
 pub use session::{Session, SessionError};
 pub use value::{Row, Value};

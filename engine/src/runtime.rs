@@ -35,14 +35,40 @@ enum Cmd {
     /// Enter changes at a revision still open (more may follow before an
     /// `Apply` closes it) and start working on them while the caller prepares
     /// the next ones.
-    Stage { at: u64, changes: Vec<Change> },
+    Stage {
+        at: u64,
+        changes: Vec<Change>,
+    },
     /// Enter each batch of changes at its revision and run until every output
     /// is complete at the last one.
-    Apply { batches: Vec<(u64, Vec<Change>)> },
-    /// Read a relation's current tuples (each worker answers with its share).
-    Query { rel: RelId, reply: Sender<Vec<Row>> },
-    /// Read the tuples that start with `prefix` (a seek in the arrangement).
-    Lookup { rel: RelId, prefix: Row, reply: Sender<Vec<Row>> },
+    Apply {
+        batches: Vec<(u64, Vec<Change>)>,
+    },
+    /// Read a relation's tuples as of a revision (each worker answers with
+    /// its share).
+    Query {
+        rel: RelId,
+        as_of: u64,
+        reply: Sender<Vec<Row>>,
+    },
+    /// Read the tuples that start with `prefix` as of a revision (a seek in
+    /// the arrangement).
+    Lookup {
+        rel: RelId,
+        prefix: Row,
+        as_of: u64,
+        reply: Sender<Vec<Row>>,
+    },
+    /// Keep the traces readable as of `rev` (compaction stops there) until
+    /// the matching `Unpin`.
+    Pin {
+        rev: u64,
+    },
+    Unpin {
+        rev: u64,
+    },
+    /// Return (the engine is dropped; readers may still hold senders).
+    Stop,
 }
 
 /// What a worker reports while it runs an `Apply`: output diffs as they are
@@ -63,6 +89,12 @@ pub fn default_workers() -> usize {
 }
 
 /// A running engine: the compiled program on `workers` timely threads.
+///
+/// Reads are consistent "as of" a revision: [`Engine::snapshot`] pins the
+/// last applied revision, and the [`Snapshot`] it returns reads the derived
+/// relations as they were then from any thread, while the engine goes on
+/// applying later revisions (the traces are not compacted past a pinned
+/// revision until the snapshot is dropped).
 pub struct Engine {
     program: Arc<Program>,
     senders: Vec<Sender<Cmd>>,
@@ -207,31 +239,114 @@ impl Engine {
     /// The current tuples of a derived relation, sorted. (Input relations are
     /// not kept for queries: ask whoever feeds the engine, e.g. the session.)
     pub fn query(&self, rel: RelId) -> Result<Vec<Row>, EngineError> {
-        let (tx, rx) = channel();
-        for s in &self.senders {
-            s.send(Cmd::Query { rel, reply: tx.clone() }).map_err(gone)?;
-        }
-        drop(tx);
-        let mut rows: Vec<Row> = rx.iter().flatten().collect();
-        rows.sort_by(|a, b| crate::value::cmp_rows(a, b));
-        Ok(rows)
+        query(&self.senders, rel, u64::MAX)
     }
 
     /// The current tuples of a derived relation whose first columns equal
     /// `prefix`: a seek in its arrangement, not a scan.
     pub fn lookup(&self, rel: RelId, prefix: &[Value]) -> Result<Vec<Row>, EngineError> {
-        let (tx, rx) = channel();
-        for s in &self.senders {
-            s.send(Cmd::Lookup { rel, prefix: prefix.to_vec(), reply: tx.clone() }).map_err(gone)?;
-        }
-        drop(tx);
-        Ok(rx.iter().flatten().collect())
+        lookup(&self.senders, rel, prefix, u64::MAX)
     }
+
+    /// A read-only view of the derived relations as of the last applied
+    /// revision, usable from another thread while this engine applies later
+    /// revisions.
+    pub fn snapshot(&self) -> Result<Snapshot, EngineError> {
+        let rev = self.last_rev;
+        for s in &self.senders {
+            s.send(Cmd::Pin { rev }).map_err(gone)?;
+        }
+        Ok(Snapshot { senders: self.senders.clone(), rev })
+    }
+}
+
+/// Reads of derived relations: the engine's current state, or a snapshot's.
+pub trait Reads {
+    fn query(&self, rel: RelId) -> Result<Vec<Row>, EngineError>;
+    fn lookup(&self, rel: RelId, prefix: &[Value]) -> Result<Vec<Row>, EngineError>;
+}
+
+impl Reads for Engine {
+    fn query(&self, rel: RelId) -> Result<Vec<Row>, EngineError> {
+        Engine::query(self, rel)
+    }
+    fn lookup(&self, rel: RelId, prefix: &[Value]) -> Result<Vec<Row>, EngineError> {
+        Engine::lookup(self, rel, prefix)
+    }
+}
+
+impl Reads for Snapshot {
+    fn query(&self, rel: RelId) -> Result<Vec<Row>, EngineError> {
+        Snapshot::query(self, rel)
+    }
+    fn lookup(&self, rel: RelId, prefix: &[Value]) -> Result<Vec<Row>, EngineError> {
+        Snapshot::lookup(self, rel, prefix)
+    }
+}
+
+/// The derived relations as of one revision ([`Engine::snapshot`]). Reads
+/// wait while the workers run an evaluation; they fail once the engine is
+/// dropped.
+pub struct Snapshot {
+    senders: Vec<Sender<Cmd>>,
+    rev: u64,
+}
+
+impl Snapshot {
+    pub fn revision(&self) -> u64 {
+        self.rev
+    }
+    /// A derived relation's tuples as of the snapshot's revision, sorted.
+    pub fn query(&self, rel: RelId) -> Result<Vec<Row>, EngineError> {
+        query(&self.senders, rel, self.rev)
+    }
+    /// Its tuples whose first columns equal `prefix`, as of the revision.
+    pub fn lookup(&self, rel: RelId, prefix: &[Value]) -> Result<Vec<Row>, EngineError> {
+        lookup(&self.senders, rel, prefix, self.rev)
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        for s in &self.senders {
+            let _ = s.send(Cmd::Unpin { rev: self.rev });
+        }
+    }
+}
+
+fn query(senders: &[Sender<Cmd>], rel: RelId, as_of: u64) -> Result<Vec<Row>, EngineError> {
+    let mut rows = ask(senders, |reply| Cmd::Query { rel, as_of, reply })?;
+    rows.sort_by(|a, b| crate::value::cmp_rows(a, b));
+    Ok(rows)
+}
+
+fn lookup(senders: &[Sender<Cmd>], rel: RelId, prefix: &[Value], as_of: u64) -> Result<Vec<Row>, EngineError> {
+    ask(senders, |reply| Cmd::Lookup { rel, prefix: prefix.to_vec(), as_of, reply })
+}
+
+/// Sends a read to every worker and gathers their shares; a worker that
+/// stopped before answering makes it an error, not a partial answer.
+fn ask(senders: &[Sender<Cmd>], cmd: impl Fn(Sender<Vec<Row>>) -> Cmd) -> Result<Vec<Row>, EngineError> {
+    let (tx, rx) = channel();
+    for s in senders {
+        s.send(cmd(tx.clone())).map_err(gone)?;
+    }
+    drop(tx);
+    let shares: Vec<Vec<Row>> = rx.iter().collect();
+    if shares.len() < senders.len() {
+        return Err(gone(()));
+    }
+    Ok(shares.into_iter().flatten().collect())
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.senders.clear(); // workers see their channel close and return
+        // An explicit stop: a snapshot may still hold senders, so the
+        // channels need not close.
+        for s in &self.senders {
+            let _ = s.send(Cmd::Stop);
+        }
+        self.senders.clear();
         if let Some(g) = self.guards.take() {
             drop(g); // joins the worker threads
         }
@@ -311,6 +426,9 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
     }
     // A command that arrived while staged work was being done.
     let mut next: Option<Cmd> = None;
+    // Revisions snapshots read at (with how many snapshots each): the traces
+    // are compacted no further than the oldest.
+    let mut pinned: BTreeMap<u64, usize> = BTreeMap::new();
     loop {
         let cmd = match next.take() {
             Some(cmd) => cmd,
@@ -373,7 +491,8 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                         return;
                     }
                 }
-                let frontier = Antichain::from_elem(rev);
+                let oldest = pinned.keys().next().copied().unwrap_or(rev).min(rev);
+                let frontier = Antichain::from_elem(oldest);
                 for t in traces.values_mut() {
                     t.set_logical_compaction(frontier.borrow());
                     t.set_physical_compaction(frontier.borrow());
@@ -382,14 +501,24 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                     return;
                 }
             }
-            Cmd::Query { rel, reply } => {
-                let rows = traces.get_mut(&rel).map(|t| read_trace(t, &[])).unwrap_or_default();
+            Cmd::Query { rel, as_of, reply } => {
+                let rows = traces.get_mut(&rel).map(|t| read_trace(t, &[], as_of)).unwrap_or_default();
                 let _ = reply.send(rows);
             }
-            Cmd::Lookup { rel, prefix, reply } => {
-                let rows = traces.get_mut(&rel).map(|t| read_trace(t, &prefix)).unwrap_or_default();
+            Cmd::Lookup { rel, prefix, as_of, reply } => {
+                let rows = traces.get_mut(&rel).map(|t| read_trace(t, &prefix, as_of)).unwrap_or_default();
                 let _ = reply.send(rows);
             }
+            Cmd::Pin { rev } => *pinned.entry(rev).or_default() += 1,
+            Cmd::Unpin { rev } => {
+                if let Some(n) = pinned.get_mut(&rev) {
+                    *n -= 1;
+                    if *n == 0 {
+                        pinned.remove(&rev);
+                    }
+                }
+            }
+            Cmd::Stop => return,
         }
     }
 }
@@ -403,9 +532,11 @@ fn feed(inputs: &mut BTreeMap<RelId, InputSession<u64, Row, isize>>, at: u64, ch
     }
 }
 
-/// Every row with a positive count in a trace that starts with `prefix`
-/// (rows are ordered, so that is a seek and a run).
-fn read_trace(trace: &mut QueryTrace, prefix: &[Value]) -> Vec<Row> {
+/// Every row with a positive count as of revision `as_of` in a trace that
+/// starts with `prefix` (rows are ordered, so that is a seek and a run).
+/// Updates at later revisions are left out; the trace is not compacted past
+/// a pinned `as_of`, so those are still told apart.
+fn read_trace(trace: &mut QueryTrace, prefix: &[Value], as_of: u64) -> Vec<Row> {
     let mut upper = Antichain::new();
     trace.read_upper(&mut upper);
     let Some(batches) = trace.batches_through(upper.borrow()) else { return Vec::new() };
@@ -419,11 +550,60 @@ fn read_trace(trace: &mut QueryTrace, prefix: &[Value]) -> Vec<Row> {
             break;
         }
         let mut count = 0isize;
-        cursor.map_times(&storage, |_t, d| count += *d);
+        cursor.map_times(&storage, |t, d| {
+            if *t <= as_of {
+                count += *d
+            }
+        });
         if count > 0 {
             rows.push(key.clone());
         }
         cursor.step_key(&storage);
     }
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(workers: usize) -> (Engine, RelId, RelId) {
+        let src = "input e(a: int, b: int) from \"e/{a}/{b}\"\noutput r(a: int, b: int) to \"r/{a}/{b}\"\nr(a, c) :- e(a, b), e(b, c).\n";
+        let program = Arc::new(ccattler_parser::check_str("t.rules", src).program.unwrap());
+        let (e, r) = (program.relation("e").unwrap(), program.relation("r").unwrap());
+        (Engine::start(program, workers).unwrap(), e, r)
+    }
+
+    fn row(a: i64, b: i64) -> Row {
+        vec![Value::Int(a), Value::Int(b)]
+    }
+
+    #[test]
+    fn a_snapshot_reads_as_of_its_revision_while_later_ones_apply() {
+        for workers in [1, 2] {
+            let (mut engine, e, r) = engine(workers);
+            engine.apply(1, vec![(e, row(1, 2), 1), (e, row(2, 3), 1)]).unwrap();
+            let snap = engine.snapshot().unwrap();
+            // Later revisions add and remove derived rows…
+            engine.apply(2, vec![(e, row(3, 4), 1)]).unwrap();
+            engine.apply(3, vec![(e, row(1, 2), -1)]).unwrap();
+            engine.apply(4, vec![(e, row(0, 2), 1)]).unwrap();
+            assert_eq!(engine.query(r).unwrap(), vec![row(0, 3), row(2, 4)]);
+            // …the snapshot still reads revision 1, from another thread too.
+            let seen = std::thread::spawn(move || (snap.query(r).unwrap(), snap.lookup(r, &[Value::Int(1)]).unwrap())).join().unwrap();
+            assert_eq!(seen, (vec![row(1, 3)], vec![row(1, 3)]), "{workers} worker(s)");
+            // Unpinned: compaction catches up, reads stay right.
+            engine.apply(5, vec![]).unwrap();
+            assert_eq!(engine.query(r).unwrap(), vec![row(0, 3), row(2, 4)]);
+        }
+    }
+
+    #[test]
+    fn a_snapshot_of_a_dropped_engine_errors_instead_of_reading_nothing() {
+        let (mut engine, e, r) = engine(2);
+        engine.apply(1, vec![(e, row(1, 2), 1), (e, row(2, 3), 1)]).unwrap();
+        let snap = engine.snapshot().unwrap();
+        drop(engine);
+        assert!(matches!(snap.query(r), Err(EngineError::Stopped(_))));
+    }
 }

@@ -143,7 +143,7 @@ impl Session {
     fn reconcile(&self, keys: &BTreeSet<String>) -> Vec<Write> {
         let mut writes = Vec::new();
         // Rejection records, as the controller keeps them (there are few).
-        for (key, why) in &self.inputs.rejected {
+        for (key, why) in self.inputs.rejected.iter() {
             let record = crate::facts::rejection_record(key);
             if self.stored_records.get(&record) != Some(why) {
                 writes.push((record, Some(why.clone())));

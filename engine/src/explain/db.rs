@@ -62,7 +62,7 @@ impl<'a> Db<'a> {
     /// Over an engine and the input facts that feed it: keyed lookups seek
     /// in the engine's arrangements (leading columns) or range over the
     /// stored keys, so an explanation reads what it needs, not every relation.
-    pub fn over_engine(program: &'a Program, inputs: &'a InputFacts, revision: u64, engine: &'a crate::Engine) -> Db<'a> {
+    pub fn over_engine(program: &'a Program, inputs: &'a InputFacts, revision: u64, engine: &'a dyn crate::runtime::Reads) -> Db<'a> {
         let all: Source<'a> = Box::new(move |rel| {
             if program.relations[rel].kind == DeclKind::Input {
                 return Ok(inputs.tuples(program, rel));
