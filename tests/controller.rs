@@ -705,6 +705,24 @@ async fn odd_bytes_are_rejected_and_recorded_never_read_lossily() {
     let empty = get(&mut etcd, "status/rejected/intent/user/service//instances").await.expect("an empty segment is recorded");
     assert!(empty.contains("key segment `service`") && empty.contains("is empty"), "{empty}");
     assert_eq!(get(&mut etcd, "effective/service/web/instances").await.as_deref(), Some("1"));
+    // The same through the watch, after the start: the watch once skipped
+    // events whose key was not UTF-8, so such a key went unrecorded.
+    etcd.put(b"desired/service/\xfa/image".to_vec(), "y", None).await.unwrap();
+    let later: String = b"desired/service/\xfa/image".iter().map(|b| format!("{b:02x}")).collect();
+    wait_for("a non-UTF-8 key put after the start to be recorded", T, || {
+        let mut etcd = etcd.clone();
+        let record = format!("status/rejected/not-utf8/{later}");
+        async move { get(&mut etcd, &record).await.is_some() }
+    })
+    .await;
+    etcd.delete(b"desired/service/\xfa/image".to_vec(), None).await.unwrap();
+    wait_for("its record to go with it", T, || {
+        let mut etcd = etcd.clone();
+        let record = format!("status/rejected/not-utf8/{later}");
+        async move { get(&mut etcd, &record).await.is_none() }
+    })
+    .await;
+    assert!(c.stop().success());
 }
 
 #[tokio::test]

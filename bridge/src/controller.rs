@@ -3,13 +3,14 @@
 //! in fenced compare-and-swap transactions. Standbys keep their engine warm.
 
 use crate::etcd::{self, EtcdConfig, Fence, Written};
+use crate::gate::WriteGate;
 use crate::metrics::Metrics;
-use crate::reconcile::{Event, PlanCursor, Reconciler};
+use crate::reconcile::{PlanCursor, Reconciler};
 use crate::secrets::SecretBook;
+use crate::watch::WatchReader;
 use ccattler_parser::program::Program;
 use ccattler_store::seal::ClusterKeys;
-use etcd_client::{Client, Compare, CompareOp, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions};
-use std::collections::BTreeMap;
+use etcd_client::{Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,7 +103,7 @@ impl Health {
         *s = Some((since, why));
     }
 
-    fn received(&self, rev: u64) {
+    pub(crate) fn received(&self, rev: u64) {
         self.received.fetch_max(rev, Ordering::SeqCst);
         if rev > self.applied.load(Ordering::SeqCst) {
             self.behind_since.lock().expect("health").get_or_insert_with(Instant::now);
@@ -208,43 +209,6 @@ impl LeaderClock {
 /// Whether the rules read the cluster clock.
 fn rules_read_clock(program: &Program) -> bool {
     ccattler_engine::facts::decode(program, CLOCK_KEY, "0").is_ok_and(|t| !t.is_empty())
-}
-
-/// Reads the watch in a task of its own and hands responses over a channel,
-/// so the loop can take everything already delivered in one go.
-struct WatchReader {
-    rx: tokio::sync::mpsc::Receiver<Result<etcd_client::WatchResponse, String>>,
-    task: tokio::task::JoinHandle<()>,
-    _watcher: etcd_client::Watcher,
-}
-
-impl WatchReader {
-    fn spawn(watcher: etcd_client::Watcher, mut stream: etcd_client::WatchStream, shared: Arc<Shared>) -> WatchReader {
-        let (tx, rx) = tokio::sync::mpsc::channel(1024);
-        let task = tokio::spawn(async move {
-            loop {
-                let msg = match stream.message().await {
-                    Ok(Some(resp)) => {
-                        shared.health.received(resp.header().map_or(0, |h| h.revision()) as u64);
-                        Ok(resp)
-                    }
-                    Ok(None) => return, // the receiver sees the channel close
-                    Err(e) => Err(e.to_string()),
-                };
-                let stop = msg.is_err();
-                if tx.send(msg).await.is_err() || stop {
-                    return;
-                }
-            }
-        });
-        WatchReader { rx, task, _watcher: watcher }
-    }
-}
-
-impl Drop for WatchReader {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 struct Leadership {
@@ -399,12 +363,13 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         };
         let fresh = r.is_fresh();
         let loaded = match etcd::connect(&cfg.etcd).await {
-            Ok(client) => load_snapshot(client, &program, r, &mut book).await?,
-            Err(e) => Err(e),
+            Ok(client) => load_snapshot(client, &program, r, &mut book).await,
+            Err(e) => Err(Fault::Retry(e)),
         };
         let (mut client, rev, keys) = match loaded {
             Ok(c) => c,
-            Err(e) => {
+            Err(Fault::Fatal(e)) => return Err(e),
+            Err(Fault::Retry(e)) => {
                 warn!(error = %e, "etcd unreachable or snapshot failed; retrying in {backoff:?}");
                 shared.health.no_progress(format!("etcd unreachable or the snapshot failed: {e}"));
                 if fresh {
@@ -464,34 +429,23 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         let with_clock = rules_read_clock(&program);
         // The clock of the leadership (by its fence) that advances it.
         let mut clock: Option<(i64, LeaderClock)> = None;
-        // After a refused transaction: wait until the watch has reached this
-        // revision, and back off (50 ms doubling to 2 s) while refusals repeat.
-        let mut wait_until: u64 = 0;
-        let mut refusals: u32 = 0;
-        // Since when the write-back has waited for watch data already delivered.
-        let mut deferred: Option<Instant> = None;
+        // When a leader may plan and write (crate::gate).
+        let mut gate = WriteGate::default();
         loop {
             held_lease = leader.as_ref().map(|l| (l.lease, l.fence.clone()));
             shared.metrics.leader.set(i64::from(leader.is_some()));
-            // Changes already delivered are applied before planning: a plan of
-            // a state known to be outdated writes keys the next plan changes
-            // again (a burst of intents arriving in several responses). For at
-            // most MAX_DEFER, so a steady stream of changes cannot starve it.
-            let behind = !watch.rx.is_empty() && deferred.get_or_insert_with(Instant::now).elapsed() < MAX_DEFER;
-            if !behind {
-                deferred = None;
-            }
             if leader.is_none() {
                 shared.health.progress(); // a standby has nothing to write
             }
-            let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| r.revision() >= wait_until && !behind);
+            let open = gate.open(r.revision(), watch.backlog(), Instant::now());
+            let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| open);
             if let Some(fence) = fence {
                 match write_back(&mut client, r, &fence, budget, &shared.metrics).await {
                     // Nothing derived to write: secret values next.
                     Ok(WriteBack::Idle) if book.is_dirty() => {
-                        refusals = 0;
+                        gate.committed(0);
                         match seal_secrets(&mut client, &mut book, secret_keys.as_ref(), &fence, budget, &mut unsealable).await {
-                            Ok(Some(at)) => wait_until = at,
+                            Ok(Some(at)) => gate.committed(at),
                             Ok(None) => {}
                             Err(e) => {
                                 warn!(error = %e, "writing sealed secrets failed; reconnecting");
@@ -500,7 +454,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         }
                     }
                     Ok(WriteBack::Idle) => {
-                        refusals = 0;
+                        gate.committed(0);
                         shared.health.progress();
                     }
                     // Our own writes come back through the watch one revision at a
@@ -508,15 +462,13 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     // written, some not), so nothing is planned until the last one
                     // is applied.
                     Ok(WriteBack::Committed(at)) => {
-                        wait_until = at;
-                        refusals = 0;
+                        gate.committed(at);
                         shared.health.progress();
                     }
                     Ok(WriteBack::Refused(at)) => {
-                        wait_until = at;
-                        refusals += 1;
-                        shared.health.no_progress(format!("{refusals} write-back(s) in a row refused (a compare failed)"));
-                        tokio::time::sleep(Duration::from_millis(50 << refusals.min(6)).min(Duration::from_secs(2))).await;
+                        let back_off = gate.refused(at);
+                        shared.health.no_progress(format!("{} write-back(s) in a row refused (a compare failed)", gate.refusals()));
+                        tokio::time::sleep(back_off).await;
                         if !still_leader(&mut client, &fence).await {
                             warn!("lost leadership");
                             leader = None;
@@ -543,47 +495,12 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 }
             }
             tokio::select! {
-                msg = watch.rx.recv() => {
+                messages = watch.next_all() => {
                     // Everything the watch has already delivered goes to the engine at once.
-                    let mut responses = vec![msg];
-                    while let Ok(more) = watch.rx.try_recv() {
-                        responses.push(Some(more));
+                    let crate::watch::Decoded { batch, observed, head, leader_gone, broken } = crate::watch::decode(messages, r.revision());
+                    for (key, value) in &observed {
+                        book.observe(key, value.as_ref());
                     }
-                    let mut by_rev: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
-                    let mut head = 0;
-                    let mut leader_gone = false;
-                    let mut broken = None;
-                    for resp in responses {
-                        let resp = match resp {
-                            Some(Ok(resp)) => resp,
-                            Some(Err(e)) => {
-                                broken = Some(e);
-                                break;
-                            }
-                            None => {
-                                broken = Some("watch stream ended".to_string());
-                                break;
-                            }
-                        };
-                        if resp.canceled() {
-                            broken = Some(format!("watch cancelled (compact revision {}, {})", resp.compact_revision(), resp.cancel_reason()));
-                            break;
-                        }
-                        head = head.max(resp.header().map_or(0, |h| h.revision()) as u64);
-                        for ev in resp.events() {
-                            let Some(kv) = ev.kv() else { continue };
-                            let Ok(key) = kv.key_str() else { continue };
-                            let value = match ev.event_type() {
-                                EventType::Put => etcd::held(kv).map(|(_, h)| h),
-                                EventType::Delete => None,
-                            };
-                            leader_gone |= key == LEADER_KEY && value.is_none();
-                            book.observe(key, value.as_ref());
-                            by_rev.entry(kv.mod_revision() as u64).or_default().push(Event { key: key.to_string(), value });
-                        }
-                    }
-                    // Revisions already in the snapshot are skipped.
-                    let batch: Vec<(u64, Vec<Event>)> = by_rev.into_iter().filter(|(rev, _)| *rev > r.revision()).collect();
                     if !batch.is_empty() {
                         let t = Instant::now();
                         tokio::task::block_in_place(|| r.apply_many(batch))?;
@@ -695,32 +612,20 @@ const FIRST_PAGE: i64 = 5000;
 /// into `r`. A fresh reconciler loads it page by page as the pages arrive, so
 /// decoding and the engine's work overlap the read (a cold start pays little
 /// more than the read); one that holds state is rebased onto the whole
-/// snapshot (after a compaction or reconnect). The outer error is the
-/// engine's (fatal), the inner one etcd's (retry).
-async fn load_snapshot(
-    mut client: Client,
-    program: &Program,
-    r: &mut Reconciler,
-    book: &mut SecretBook,
-) -> Result<Result<(Client, i64, usize), etcd_client::Error>, ControllerError> {
+/// snapshot (after a compaction or reconnect).
+async fn load_snapshot(mut client: Client, program: &Program, r: &mut Reconciler, book: &mut SecretBook) -> Result<(Client, i64, usize), Fault> {
     let prefixes = controller_prefixes(program);
     book.clear();
     if !r.is_fresh() {
-        let (rev, snap) = match etcd::snapshot(&mut client, &prefixes, FIRST_PAGE).await {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
+        let (rev, snap) = etcd::snapshot(&mut client, &prefixes, FIRST_PAGE).await.map_err(Fault::Retry)?;
         let keys = snap.len();
         for (k, h) in &snap {
             book.observe(k, Some(h));
         }
         tokio::task::block_in_place(|| r.rebase(rev as u64, snap))?;
-        return Ok(Ok((client, rev, keys)));
+        return Ok((client, rev, keys));
     }
-    let rev = match etcd::current_revision(&mut client).await {
-        Ok(rev) => rev,
-        Err(e) => return Ok(Err(e)),
-    };
+    let rev = etcd::current_revision(&mut client).await.map_err(Fault::Retry)?;
     // The pages are read on a task of their own while this one loads them.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut reader = client.clone();
@@ -736,13 +641,31 @@ async fn load_snapshot(
         }
         Ok::<_, ControllerError>(())
     })?;
-    match read.await.expect("the snapshot reader does not panic") {
-        Ok(()) => {
-            info!(keys, seconds = t.elapsed().as_secs_f64(), "snapshot read and staged");
-            tokio::task::block_in_place(|| r.finish_load(rev as u64))?;
-            Ok(Ok((client, rev, keys)))
-        }
-        Err(e) => Ok(Err(e)),
+    read.await.expect("the snapshot reader does not panic").map_err(Fault::Retry)?;
+    info!(keys, seconds = t.elapsed().as_secs_f64(), "snapshot read and staged");
+    tokio::task::block_in_place(|| r.finish_load(rev as u64))?;
+    Ok((client, rev, keys))
+}
+
+/// Why the loop leaves a connection: for good, or to connect again.
+#[derive(Debug)]
+enum Fault {
+    /// The controller cannot go on (its engine stopped): it exits non-zero
+    /// and a standby takes over.
+    Fatal(ControllerError),
+    /// etcd failed or refused: connect again, take a new snapshot.
+    Retry(etcd_client::Error),
+}
+
+impl From<ControllerError> for Fault {
+    fn from(e: ControllerError) -> Fault {
+        Fault::Fatal(e)
+    }
+}
+
+impl From<ccattler_engine::EngineError> for Fault {
+    fn from(e: ccattler_engine::EngineError) -> Fault {
+        Fault::Fatal(e.into())
     }
 }
 
@@ -753,9 +676,6 @@ enum WriteBack {
     Committed(u64),
     Refused(u64),
 }
-
-/// How long a write-back may wait for watch data already delivered.
-const MAX_DEFER: Duration = Duration::from_secs(1);
 
 /// Transactions in flight at once during write-back.
 const IN_FLIGHT: usize = 8;
