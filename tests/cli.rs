@@ -221,13 +221,15 @@ fn describe_names_a_keys_relations_their_columns_docs_and_rules() {
     let out = ccattler(&["describe", "effective/service/web/cpu"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let t = text(&out.stdout);
-    for needle in ["input held_cpu", "output effective_cpu", "service = \"web\"", "derived by:", "rules/intent.rules:", "used_cpu(n, sum(c) default 0)"] {
+    for needle in
+        ["input held_cpu", "output effective_cpu", "service = \"web\"", "derived by:", "rules/intent.rules:", "request(s, \"cpu\", c) :- effective_cpu(s, c)."]
+    {
         assert!(t.contains(needle), "{needle}: {t}");
     }
     let out = ccattler(&["describe", "node_state", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["kind"], "output");
-    assert_eq!(v[0]["columns"][1]["ty"], "node_state (\"ready\" | \"unreachable\")");
+    assert_eq!(v[0]["columns"][1]["ty"], "node_state (\"ready\" | \"unreachable\" | \"cordoned\")");
     assert!(v[0]["doc"].as_str().unwrap().contains("Whether a node can run instances"));
     let out = ccattler(&["describe", "efective_cpu"]);
     assert_eq!(out.status.code(), Some(1));

@@ -1,50 +1,46 @@
-//! The built-in `assign(pending, offer, spread, restricted, allowed)`:
+//! The built-in `assign` (its arguments: `program::ASSIGN`):
 //! capacity-respecting greedy assignment of instances to nodes. What is
 //! eligible and what is preferred are rules; this only hands out capacity,
-//! lazily and deterministically.
+//! in one pass, lazily and deterministically.
 //!
 //! Semantics (also in docs/language.md):
-//! * `offer(node, cpu, memory, score)`: the nodes that take instances, their
-//!   room, and their preference (lower first).
-//! * `spread(service, node, count)`: instances of the service already on the
-//!   node (fewer first); a pair that is not listed counts 0.
-//! * `restricted(service)`: the service may only use nodes `allowed(service,
-//!   node)` lists; any other service may use every offered node.
-//! * Pending instances are taken in order of (service, instance) by text.
-//!   Each goes to the node, among those its service may use that still have
-//!   room for both its cpu and memory, with the smallest (spread + instances
-//!   of the service assigned there earlier in this round, score + load this
-//!   round, node name), where load this round is the permille of the node's
-//!   offered cpu plus the permille of its offered memory that this round has
-//!   handed out (so one big round spreads like many small ones). The node is
-//!   charged.
-//! * A node that cannot fit an instance of a service is not offered to that
-//!   service's later instances in the round (instances of one service ask for
-//!   the same resources, so it could not fit them either).
+//! * Pending instances are taken in order of (priority, highest first;
+//!   service; instance) by text.
+//! * A service may use an offered node unless it is restricted and the node
+//!   is not allowed to it, or the node is reserved and the service not
+//!   admitted to it; with a hard spread, only nodes that have a domain for
+//!   its topology key.
+//! * Each instance goes to the usable node that has room for every resource
+//!   its service needs and has the smallest (domain count, for a hard
+//!   spread; spread + instances of the service assigned there earlier in
+//!   this round; score + load this round; node name). Load this round is
+//!   the permille of each resource's total that this round has handed out
+//!   on the node, summed. A packed service ignores spread and takes the
+//!   largest score + load first (most allocated). The node is charged.
+//! * A hard spread (key, max_skew) places an instance in domain d only if
+//!   count(d) + 1 − min ≤ max_skew, where counts are the service's instances
+//!   per domain (already there, and assigned this round) and min is over
+//!   every domain of a usable node (with room or not). An instance that
+//!   cannot be placed so stays pending, and so do the service's later ones.
 //! * An instance no node can take stays unassigned.
 //!
 //! Cost: services are done one after another; a service's instances take the
 //! best nodes of one ranking shared by all services, walked from where the
 //! service's previous instance stopped, and its few listed nodes (spread,
-//! allowed) beside it. So a round costs O((pending + offers + spread +
-//! allowed) · log) when nodes have room; (service, node) pairs are never built
-//! for services that may use every node.
+//! allowed, admitted) beside it. A hard-spread service ranks its usable
+//! nodes per domain (O(offers) for that service). So a round costs
+//! O((pending + offers·resources + spread + allowed + admitted + offers ·
+//! hard-spread services) · log); pending instances × nodes is never built.
 
 use crate::value::{Row, Value};
+use ccattler_parser::program::{assign_arg as arg, ASSIGN};
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
-
-/// One pending instance: (instance, service, cpu, memory).
-pub type Pending = (Value, Value, i64, i64);
-/// A node's offer: (node, cpu, memory, score).
-pub type Offer = (Value, i64, i64, i64);
-/// Instances of a service on a node: (service, node, count).
-pub type Spread = (Value, Value, i64);
 
 /// Orders text values by their text (interning order is not user-visible order).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-struct ByText(Value);
+pub struct ByText(pub Value);
 impl Ord for ByText {
     fn cmp(&self, o: &Self) -> Ordering {
         self.0.cmp_text(&o.0)
@@ -56,106 +52,239 @@ impl PartialOrd for ByText {
     }
 }
 
-/// Everything one round of `assign` reads.
+/// Everything one round of `assign` reads: each argument's rows, in the
+/// order of `program::ASSIGN`.
 #[derive(Clone, Debug, Default)]
 pub struct Inputs {
-    pub pending: Vec<Pending>,
-    pub offers: Vec<Offer>,
-    pub spread: Vec<Spread>,
-    pub restricted: Vec<Value>,
-    pub allowed: Vec<(Value, Value)>,
+    pub args: Vec<Vec<Row>>,
 }
 
-/// A node during a round: what it offered, what is left, its base score.
+/// A node during a round: its room and totals per resource, its base score.
+#[derive(Clone, Debug)]
 struct Room {
-    offered: (i64, i64),
-    left: (i64, i64),
+    total: Vec<i64>,
+    left: Vec<i64>,
+    handed: Vec<i64>,
     base: i64,
 }
 
 impl Room {
-    /// The base score plus what this round handed out, in permille.
+    /// The base score plus what this round handed out, in permille of each
+    /// resource's total.
     fn score(&self) -> i64 {
-        let permille = |total: i64, rest: i64| {
-            if total > 0 {
-                (total - rest) * 1000 / total
-            } else {
-                0
-            }
-        };
-        self.base + permille(self.offered.0, self.left.0) + permille(self.offered.1, self.left.1)
+        let load: i64 = self.total.iter().zip(&self.handed).map(|(&t, &h)| if t > 0 { h.saturating_mul(1000) / t } else { 0 }).sum();
+        self.base.saturating_add(load)
     }
-    fn fits(&self, cpu: i64, mem: i64) -> bool {
-        self.left.0 >= cpu && self.left.1 >= mem
+    fn fits(&self, need: &[i64]) -> bool {
+        self.left.iter().zip(need).all(|(l, n)| l >= n)
+    }
+    fn charge(&mut self, need: &[i64]) {
+        for (r, n) in need.iter().enumerate() {
+            self.left[r] -= n;
+            self.handed[r] += n;
+        }
+    }
+}
+
+fn int(v: &Value) -> i64 {
+    v.as_int().unwrap_or(0)
+}
+
+/// One service's pass: which nodes it may use and how it ranks them.
+struct Policy {
+    packed: bool,
+}
+
+impl Policy {
+    /// The key nodes are ranked by (smaller first).
+    fn key(&self, spread: i64, score: i64, node: Value) -> (i64, i64, ByText) {
+        if self.packed {
+            (0, -score, ByText(node))
+        } else {
+            (spread, score, ByText(node))
+        }
+    }
+}
+
+/// The round's state shared by all services.
+struct Round {
+    resources: BTreeMap<ByText, usize>,
+    rooms: HashMap<Value, Room>,
+    reserved: HashSet<Value>,
+    /// Unreserved nodes by (score, name) and by (−score, name): the rankings
+    /// services share (least and most allocated first).
+    ranked: BTreeSet<(i64, ByText)>,
+    ranked_packed: BTreeSet<(i64, ByText)>,
+}
+
+impl Round {
+    fn charge(&mut self, node: Value, need: &[i64]) -> i64 {
+        let room = self.rooms.get_mut(&node).expect("only offered nodes are chosen");
+        let before = room.score();
+        room.charge(need);
+        let after = room.score();
+        if !self.reserved.contains(&node) {
+            self.ranked.remove(&(before, ByText(node)));
+            self.ranked.insert((after, ByText(node)));
+            self.ranked_packed.remove(&(-before, ByText(node)));
+            self.ranked_packed.insert((-after, ByText(node)));
+        }
+        after
     }
 }
 
 impl Inputs {
-    /// Reads the reduce's input: rows tagged 0 (pending) … 4 (allowed), in
-    /// the order of the built-in's arguments; rows of the wrong shape are
-    /// ignored (the checker rules them out).
+    /// Reads the reduce's input: rows tagged with their argument's position;
+    /// rows of the wrong shape are ignored (the checker rules them out).
     pub fn from_tagged(input: &[(&Row, isize)]) -> Inputs {
-        let mut r = Inputs::default();
-        let int = |v: &Value| v.as_int().unwrap_or(0);
+        let mut args = vec![Vec::new(); ASSIGN.len()];
         for (row, mult) in input {
             if *mult <= 0 {
                 continue;
             }
-            match (row.first(), row.len()) {
-                (Some(Value::Int(0)), 5) => r.pending.push((row[1], row[2], int(&row[3]), int(&row[4]))),
-                (Some(Value::Int(1)), 5) => r.offers.push((row[1], int(&row[2]), int(&row[3]), int(&row[4]))),
-                (Some(Value::Int(2)), 4) => r.spread.push((row[1], row[2], int(&row[3]))),
-                (Some(Value::Int(3)), 2) => r.restricted.push(row[1]),
-                (Some(Value::Int(4)), 3) => r.allowed.push((row[1], row[2])),
-                _ => {}
+            if let Some(Value::Int(tag)) = row.first() {
+                let tag = *tag as usize;
+                if tag < ASSIGN.len() && row.len() == ASSIGN[tag].columns.len() + 1 {
+                    args[tag].push(row[1..].to_vec());
+                }
             }
         }
-        r
+        Inputs { args }
+    }
+
+    pub fn arg(&self, a: usize) -> &[Row] {
+        self.args.get(a).map_or(&[], Vec::as_slice)
+    }
+
+    /// Resource names by index (sorted by text), from needs and rooms.
+    fn resources(&self) -> BTreeMap<ByText, usize> {
+        let names: BTreeSet<ByText> = self.arg(arg::NEED).iter().map(|r| ByText(r[1])).chain(self.arg(arg::ROOM).iter().map(|r| ByText(r[1]))).collect();
+        names.into_iter().enumerate().map(|(i, n)| (n, i)).collect()
+    }
+
+    /// What each instance of a service needs, per resource index (a pair
+    /// listed twice counts with its largest amount).
+    pub fn needs(&self) -> HashMap<Value, Vec<i64>> {
+        let resources = self.resources();
+        let mut needs: HashMap<Value, Vec<i64>> = HashMap::new();
+        for r in self.arg(arg::NEED) {
+            let v = needs.entry(r[0]).or_insert_with(|| vec![0; resources.len()]);
+            let i = resources[&ByText(r[1])];
+            v[i] = v[i].max(int(&r[2]));
+        }
+        needs
+    }
+
+    /// Offered nodes with their room (a node or a resource listed twice
+    /// counts with its smallest room and score).
+    fn rooms(&self, resources: &BTreeMap<ByText, usize>) -> HashMap<Value, Room> {
+        let n = resources.len();
+        let mut rooms: HashMap<Value, Room> = HashMap::new();
+        for r in self.arg(arg::OFFER) {
+            let room = rooms.entry(r[0]).or_insert(Room { total: vec![0; n], left: vec![0; n], handed: vec![0; n], base: int(&r[1]) });
+            room.base = room.base.min(int(&r[1]));
+        }
+        let mut seen: HashSet<(Value, usize)> = HashSet::new();
+        for r in self.arg(arg::ROOM) {
+            let Some(room) = rooms.get_mut(&r[0]) else { continue };
+            let i = resources[&ByText(r[1])];
+            let (free, total) = (int(&r[2]), int(&r[3]));
+            if seen.insert((r[0], i)) {
+                room.left[i] = free;
+                room.total[i] = total;
+            } else {
+                room.left[i] = room.left[i].min(free);
+                room.total[i] = room.total[i].min(total);
+            }
+        }
+        rooms
     }
 
     /// Runs the round; returns (instance, node) pairs sorted by instance.
     pub fn assign(&self) -> Vec<(Value, Value)> {
-        // A node offered twice is ambiguous: take its smallest room and score.
-        let mut rooms: HashMap<Value, Room> = HashMap::new();
-        for &(n, cpu, mem, score) in &self.offers {
-            let r = rooms.entry(n).or_insert(Room { offered: (cpu, mem), left: (cpu, mem), base: score });
-            r.offered = (r.offered.0.min(cpu), r.offered.1.min(mem));
-            r.left = r.offered;
-            r.base = r.base.min(score);
-        }
-        // Every offered node by (score, name): the ranking services share.
-        let mut ranked: BTreeSet<(i64, ByText)> = rooms.iter().map(|(n, r)| (r.score(), ByText(*n))).collect();
+        let resources = self.resources();
+        let rooms = self.rooms(&resources);
+        let reserved: HashSet<Value> = self.arg(arg::RESERVED).iter().map(|r| r[0]).filter(|n| rooms.contains_key(n)).collect();
+        let unreserved = rooms.iter().filter(|(n, _)| !reserved.contains(n));
+        let ranked = unreserved.clone().map(|(n, r)| (r.score(), ByText(*n))).collect();
+        let ranked_packed = unreserved.map(|(n, r)| (-r.score(), ByText(*n))).collect();
+        let mut round = Round { resources, rooms, reserved, ranked, ranked_packed };
+        let needs = self.needs();
+        let no_need = vec![0; round.resources.len()];
         // A pair listed twice counts with its largest count.
         let mut spread: HashMap<Value, HashMap<Value, i64>> = HashMap::new();
-        for &(s, n, k) in &self.spread {
-            let e = spread.entry(s).or_default().entry(n).or_insert(k);
-            *e = (*e).max(k);
+        for r in self.arg(arg::SPREAD) {
+            let e = spread.entry(r[0]).or_default().entry(r[1]).or_insert(int(&r[2]));
+            *e = (*e).max(int(&r[2]));
         }
-        let restricted: HashSet<Value> = self.restricted.iter().copied().collect();
+        let restricted: HashSet<Value> = self.arg(arg::RESTRICTED).iter().map(|r| r[0]).collect();
         let mut allowed: HashMap<Value, Vec<Value>> = HashMap::new();
-        for &(s, n) in &self.allowed {
-            allowed.entry(s).or_default().push(n);
+        for r in self.arg(arg::ALLOWED) {
+            allowed.entry(r[0]).or_default().push(r[1]);
         }
-        let mut order: Vec<&Pending> = self.pending.iter().collect();
-        order.sort_by(|a, b| a.1.cmp_text(&b.1).then_with(|| a.0.cmp_text(&b.0)));
+        let mut admitted: HashMap<Value, Vec<Value>> = HashMap::new();
+        for r in self.arg(arg::ADMITTED) {
+            admitted.entry(r[0]).or_default().push(r[1]);
+        }
+        // A service spread by two keys keeps the smallest skew of the first key.
+        let mut hard: HashMap<Value, (Value, i64)> = HashMap::new();
+        for r in self.arg(arg::HARD_SPREAD) {
+            let e = hard.entry(r[0]).or_insert((r[1], int(&r[2])));
+            if ByText(r[1]) < ByText(e.0) || (r[1] == e.0 && int(&r[2]) < e.1) {
+                *e = (r[1], int(&r[2]));
+            }
+        }
+        let mut topology: HashMap<(Value, Value), Value> = HashMap::new();
+        for r in self.arg(arg::TOPOLOGY) {
+            let e = topology.entry((r[0], r[1])).or_insert(r[2]);
+            if ByText(r[2]) < ByText(*e) {
+                *e = r[2];
+            }
+        }
+        let packed: HashSet<Value> = self.arg(arg::PACKED).iter().map(|r| r[0]).collect();
+        let mut order: Vec<&Row> = self.arg(arg::PENDING).iter().collect();
+        order.sort_by(|a, b| int(&b[2]).cmp(&int(&a[2])).then_with(|| a[1].cmp_text(&b[1])).then_with(|| a[0].cmp_text(&b[0])));
         let no_spread = HashMap::new();
+        let no_nodes = Vec::new();
         let mut out = Vec::new();
-        for group in order.chunk_by(|a, b| a.1 == b.1) {
-            let service = group[0].1;
-            let is_restricted = restricted.contains(&service);
+        for group in order.chunk_by(|a, b| a[1] == b[1] && a[2] == b[2]) {
+            let service = group[0][1];
+            let need = needs.get(&service).unwrap_or(&no_need);
             let counts = spread.get(&service).unwrap_or(&no_spread);
-            // The service's own nodes, keyed (spread, score, name): those it is
-            // restricted to, or those it already has instances on.
-            let own_nodes: Vec<Value> =
-                if is_restricted { allowed.get(&service).map(|a| a.to_vec()).unwrap_or_default() } else { counts.keys().copied().collect() };
+            let policy = Policy { packed: packed.contains(&service) };
+            let is_restricted = restricted.contains(&service);
+            let usable = |n: &Value, round: &Round| {
+                round.rooms.contains_key(n)
+                    && (!is_restricted || allowed.get(&service).is_some_and(|a| a.contains(n)))
+                    && (!round.reserved.contains(n) || admitted.get(&service).is_some_and(|a| a.contains(n)))
+            };
+            let instances: Vec<Value> = group.iter().map(|r| r[0]).collect();
+            if let Some(&(key, max_skew)) = hard.get(&service) {
+                // Every usable node that has a domain for the key.
+                let candidates: Vec<Value> = if is_restricted {
+                    allowed.get(&service).unwrap_or(&no_nodes).clone()
+                } else {
+                    let mut c: Vec<Value> = round.rooms.keys().filter(|n| !round.reserved.contains(n)).copied().collect();
+                    c.extend(admitted.get(&service).unwrap_or(&no_nodes));
+                    c
+                };
+                let nodes: BTreeMap<ByText, Value> =
+                    candidates.into_iter().filter(|n| usable(n, &round)).filter_map(|n| topology.get(&(n, key)).map(|d| (ByText(n), *d))).collect();
+                assign_hard_spread(&mut round, &instances, need, counts, &policy, &nodes, max_skew, &mut out);
+                continue;
+            }
+            // The service's own nodes, keyed like the ranking: those it is
+            // restricted to, those it already has instances on, and reserved
+            // nodes it is admitted to.
+            let mut own_nodes: Vec<Value> = if is_restricted { allowed.get(&service).unwrap_or(&no_nodes).clone() } else { counts.keys().copied().collect() };
+            own_nodes.extend(admitted.get(&service).unwrap_or(&no_nodes));
             let mut own: BTreeSet<(i64, i64, ByText)> = BTreeSet::new();
             let mut own_spread: HashMap<Value, i64> = HashMap::new();
             for n in own_nodes {
-                if let Some(room) = rooms.get(&n) {
+                if usable(&n, &round) && !own_spread.contains_key(&n) {
                     let k = counts.get(&n).copied().unwrap_or(0);
-                    if own_spread.insert(n, k).is_none() {
-                        own.insert((k, room.score(), ByText(n)));
-                    }
+                    own_spread.insert(n, k);
+                    own.insert(policy.key(k, round.rooms[&n].score(), n));
                 }
             }
             // Where the walk over the shared ranking resumes: every node ranked
@@ -163,10 +292,10 @@ impl Inputs {
             let mut resume: Option<(i64, ByText)> = None;
             let mut others_left = !is_restricted;
             let mut cannot_fit: HashSet<Value> = HashSet::new();
-            for &&(instance, _, cpu, mem) in group {
+            for &instance in &instances {
                 let best_own = loop {
                     let Some(&first) = own.first() else { break None };
-                    if rooms[&first.2 .0].fits(cpu, mem) {
+                    if round.rooms[&first.2 .0].fits(need) {
                         break Some(first);
                     }
                     own.remove(&first);
@@ -174,13 +303,14 @@ impl Inputs {
                 let best_other = if !others_left {
                     None
                 } else {
+                    let ranking = if policy.packed { &round.ranked_packed } else { &round.ranked };
                     let from = resume.map_or(Bound::Unbounded, Bound::Included);
                     let mut found = None;
-                    for &(score, ByText(n)) in ranked.range((from, Bound::Unbounded)) {
+                    for &(score, ByText(n)) in ranking.range((from, Bound::Unbounded)) {
                         if own_spread.contains_key(&n) || cannot_fit.contains(&n) {
                             continue;
                         }
-                        if !rooms[&n].fits(cpu, mem) {
+                        if !round.rooms[&n].fits(need) {
                             cannot_fit.insert(n);
                             continue;
                         }
@@ -200,15 +330,12 @@ impl Inputs {
                         None => continue,
                     },
                 };
-                let (k, score, ByText(node)) = chosen;
-                let room = rooms.get_mut(&node).expect("only offered nodes are chosen");
-                room.left = (room.left.0 - cpu, room.left.1 - mem);
-                let charged = room.score();
-                ranked.remove(&(score, ByText(node)));
-                ranked.insert((charged, ByText(node)));
+                let node = chosen.2 .0;
+                let charged = round.charge(node, need);
+                let k = own_spread.get(&node).copied().unwrap_or(0) + 1;
                 own.remove(&chosen);
-                own.insert((k + 1, charged, ByText(node)));
-                own_spread.insert(node, k + 1);
+                own.insert(policy.key(k, charged, node));
+                own_spread.insert(node, k);
                 out.push((instance, node));
             }
         }
@@ -217,10 +344,77 @@ impl Inputs {
     }
 }
 
+/// A hard-spread service's instances: domains ranked by (count, their best
+/// node), nodes within a domain by the service's key; a node that cannot fit
+/// the service leaves its domain for the round.
+#[allow(clippy::too_many_arguments)]
+fn assign_hard_spread(
+    round: &mut Round,
+    instances: &[Value],
+    need: &[i64],
+    spread: &HashMap<Value, i64>,
+    policy: &Policy,
+    nodes: &BTreeMap<ByText, Value>,
+    max_skew: i64,
+    out: &mut Vec<(Value, Value)>,
+) {
+    type Key = (i64, i64, ByText);
+    let mut count: HashMap<Value, i64> = nodes.values().map(|d| (*d, 0)).collect();
+    for (n, k) in spread {
+        if let Some(d) = nodes.get(&ByText(*n)) {
+            *count.get_mut(d).expect("every domain counted") += k;
+        }
+    }
+    let mut node_spread: HashMap<Value, i64> = HashMap::new();
+    let mut in_domain: HashMap<Value, BTreeSet<Key>> = HashMap::new();
+    for (&ByText(n), d) in nodes {
+        let k = spread.get(&n).copied().unwrap_or(0);
+        node_spread.insert(n, k);
+        in_domain.entry(*d).or_default().insert(policy.key(k, round.rooms[&n].score(), n));
+    }
+    // Every domain by count (for the minimum), and the domains that still
+    // have a node that may fit by (count, best node, domain).
+    let mut by_count: BTreeSet<(i64, ByText)> = count.iter().map(|(d, c)| (*c, ByText(*d))).collect();
+    let mut ranked: BTreeSet<(i64, Key, ByText)> = in_domain.iter().filter_map(|(d, ns)| Some((count[d], *ns.first()?, ByText(*d)))).collect();
+    for &instance in instances {
+        let min = by_count.first().map_or(0, |(c, _)| *c);
+        let chosen = loop {
+            let Some(&(c, best, d)) = ranked.first() else { break None };
+            if c + 1 - min > max_skew {
+                break None; // the least-filled domain with a node would exceed the skew
+            }
+            if round.rooms[&best.2 .0].fits(need) {
+                break Some((c, best, d));
+            }
+            // It cannot fit this service: out of its domain for the round.
+            ranked.remove(&(c, best, d));
+            let set = in_domain.get_mut(&d.0).expect("ranked domains have nodes");
+            set.remove(&best);
+            if let Some(&next) = set.first() {
+                ranked.insert((c, next, d));
+            }
+        };
+        let Some((c, best, d)) = chosen else { break };
+        let node = best.2 .0;
+        let charged = round.charge(node, need);
+        let k = node_spread[&node] + 1;
+        node_spread.insert(node, k);
+        let set = in_domain.get_mut(&d.0).expect("ranked domains have nodes");
+        set.remove(&best);
+        set.insert(policy.key(k, charged, node));
+        ranked.remove(&(c, best, d));
+        ranked.insert((c + 1, *set.first().expect("just inserted"), d));
+        by_count.remove(&(c, d));
+        by_count.insert((c + 1, d));
+        *count.get_mut(&d.0).expect("counted") += 1;
+        out.push((instance, node));
+    }
+}
+
 /// The reduce body: rows tagged by argument position.
 pub fn assign_rows(input: &[(&Row, isize)]) -> Vec<Row> {
     // Nothing pending (the steady state): nothing to assign, skip the rest.
-    if !input.iter().any(|(row, m)| *m > 0 && row.first() == Some(&Value::Int(0))) {
+    if !input.iter().any(|(row, m)| *m > 0 && row.first() == Some(&Value::Int(arg::PENDING as i64))) {
         return Vec::new();
     }
     Inputs::from_tagged(input).assign().into_iter().map(|(i, n)| vec![i, n]).collect()
@@ -229,155 +423,274 @@ pub fn assign_rows(input: &[(&Row, isize)]) -> Vec<Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     fn v(s: &str) -> Value {
         Value::str(s)
     }
 
-    fn offers(nodes: &[Value], cpu: i64, mem: i64) -> Vec<Offer> {
-        nodes.iter().map(|n| (*n, cpu, mem, 0)).collect()
+    /// A round built argument by argument.
+    #[derive(Clone, Debug, Default)]
+    struct Case(Inputs);
+
+    impl Case {
+        fn new() -> Case {
+            Case(Inputs { args: vec![Vec::new(); ASSIGN.len()] })
+        }
+        fn row(mut self, a: usize, row: Vec<Value>) -> Case {
+            self.0.args[a].push(row);
+            self
+        }
+        fn pending(self, service: &str, from: usize, to: usize, priority: i64) -> Case {
+            (from..to).fold(self, |c, i| c.row(arg::PENDING, vec![v(&format!("{service}-{i}")), v(service), Value::Int(priority)]))
+        }
+        fn need(self, service: &str, resource: &str, amount: i64) -> Case {
+            self.row(arg::NEED, vec![v(service), v(resource), Value::Int(amount)])
+        }
+        /// A node with the same free and total of each (resource, amount).
+        fn node(self, node: &str, score: i64, room: &[(&str, i64)]) -> Case {
+            let c = self.row(arg::OFFER, vec![v(node), Value::Int(score)]);
+            room.iter().fold(c, |c, (r, a)| c.row(arg::ROOM, vec![v(node), v(r), Value::Int(*a), Value::Int(*a)]))
+        }
+        fn pairs(self, a: usize, pairs: &[(&str, &str)]) -> Case {
+            pairs.iter().fold(self, |c, (x, y)| c.row(a, vec![v(x), v(y)]))
+        }
+        fn one(self, a: usize, x: &str) -> Case {
+            self.row(a, vec![v(x)])
+        }
+        fn zone(self, node: &str, zone: &str) -> Case {
+            self.row(arg::TOPOLOGY, vec![v(node), v("zone"), v(zone)])
+        }
+        fn assign(&self) -> Vec<(Value, Value)> {
+            let out = self.0.assign();
+            check(&self.0, &out);
+            assert_eq!(out, reference(&self.0), "differs from the reference on {:?}", self.0);
+            out
+        }
+    }
+
+    fn on(out: &[(Value, Value)], node: &str) -> usize {
+        out.iter().filter(|(_, n)| *n == v(node)).count()
+    }
+
+    /// What one service may use, by the documented rules.
+    fn usable(x: &Inputs, s: Value, n: Value) -> bool {
+        let has = |a: usize, row: &[Value]| x.arg(a).iter().any(|r| r.as_slice() == row);
+        x.arg(arg::OFFER).iter().any(|r| r[0] == n)
+            && (!has(arg::RESTRICTED, &[s]) || has(arg::ALLOWED, &[s, n]))
+            && (!has(arg::RESERVED, &[n]) || has(arg::ADMITTED, &[s, n]))
     }
 
     /// The semantics, written the slow way: every instance looks at every node
     /// its service may use, in the documented order.
     fn reference(x: &Inputs) -> Vec<(Value, Value)> {
-        let mut rooms: BTreeMap<ByText, Room> = BTreeMap::new();
-        for &(n, c, m, s) in &x.offers {
-            rooms.insert(ByText(n), Room { offered: (c, m), left: (c, m), base: s });
-        }
-        let mut order: Vec<&Pending> = x.pending.iter().collect();
-        order.sort_by(|a, b| a.1.cmp_text(&b.1).then_with(|| a.0.cmp_text(&b.0)));
-        let mut added: BTreeMap<(ByText, ByText), i64> = BTreeMap::new();
-        let mut dropped: BTreeSet<(ByText, ByText)> = BTreeSet::new();
+        let resources = x.resources();
+        let mut rooms = x.rooms(&resources);
+        let needs = x.needs();
+        let zero = vec![0; resources.len()];
+        let mut order: Vec<&Row> = x.arg(arg::PENDING).iter().collect();
+        order.sort_by(|a, b| int(&b[2]).cmp(&int(&a[2])).then_with(|| a[1].cmp_text(&b[1])).then_with(|| a[0].cmp_text(&b[0])));
+        let mut added: HashMap<(Value, Value), i64> = HashMap::new();
         let mut out = Vec::new();
-        for &&(i, s, cpu, mem) in &order {
-            let may_use = |n: &ByText| !x.restricted.contains(&s) || x.allowed.contains(&(s, n.0));
-            let mut keyed: Vec<(i64, i64, ByText)> = rooms
+        for p in order {
+            let (i, s) = (p[0], p[1]);
+            let need = needs.get(&s).unwrap_or(&zero);
+            let packed = x.arg(arg::PACKED).iter().any(|r| r[0] == s);
+            let spread = |n: Value| x.arg(arg::SPREAD).iter().filter(|r| r[0] == s && r[1] == n).map(|r| int(&r[2])).max().unwrap_or(0);
+            let hard = x.arg(arg::HARD_SPREAD).iter().filter(|r| r[0] == s).map(|r| (ByText(r[1]), int(&r[2]))).min().map(|(k, m)| (k.0, m));
+            let domain = |n: Value| -> Option<Value> {
+                let (key, _) = hard?;
+                x.arg(arg::TOPOLOGY).iter().filter(|r| r[0] == n && r[1] == key).map(|r| ByText(r[2])).min().map(|d| d.0)
+            };
+            let nodes: Vec<Value> = rooms.keys().copied().filter(|n| usable(x, s, *n) && (hard.is_none() || domain(*n).is_some())).collect();
+            let count = |d: Value| nodes.iter().filter(|n| domain(**n) == Some(d)).map(|n| spread(*n) + added.get(&(s, *n)).copied().unwrap_or(0)).sum::<i64>();
+            let min = nodes.iter().filter_map(|n| domain(*n)).map(count).min().unwrap_or(0);
+            let mut keyed: Vec<((i64, i64, i64, ByText), Value)> = nodes
                 .iter()
-                .filter(|(n, _)| may_use(n) && !dropped.contains(&(ByText(s), **n)))
-                .map(|(n, r)| {
-                    let base = x.spread.iter().filter(|p| p.0 == s && p.1 == n.0).map(|p| p.2).max().unwrap_or(0);
-                    (base + added.get(&(ByText(s), *n)).copied().unwrap_or(0), r.score(), *n)
+                .filter(|n| rooms[n].fits(need))
+                .filter(|n| hard.is_none_or(|(_, m)| count(domain(**n).unwrap()) + 1 - min <= m))
+                .map(|n| {
+                    let c = domain(*n).map_or(0, count);
+                    let k = spread(*n) + added.get(&(s, *n)).copied().unwrap_or(0);
+                    let score = rooms[n].score();
+                    let key = if packed { (c, 0, -score, ByText(*n)) } else { (c, k, score, ByText(*n)) };
+                    (key, *n)
                 })
                 .collect();
-            keyed.sort();
-            for (_, _, n) in keyed {
-                let room = rooms.get_mut(&n).unwrap();
-                if !room.fits(cpu, mem) {
-                    dropped.insert((ByText(s), n));
-                    continue;
-                }
-                room.left = (room.left.0 - cpu, room.left.1 - mem);
-                *added.entry((ByText(s), n)).or_default() += 1;
-                out.push((i, n.0));
-                break;
+            keyed.sort_by(|a, b| a.0.cmp(&b.0));
+            if let Some((_, n)) = keyed.first() {
+                rooms.get_mut(n).unwrap().charge(need);
+                *added.entry((s, *n)).or_default() += 1;
+                out.push((i, *n));
             }
         }
         out.sort_by(|a, b| a.0.cmp_text(&b.0));
         out
     }
 
-    /// Checks what must hold of any result: only usable nodes, never over
-    /// capacity, each instance at most once, and no unassigned instance that
+    /// What must hold of any result: only usable nodes, never over any
+    /// resource, each instance at most once, no hard spread over its skew,
+    /// and no unassigned instance (of a service without a hard spread) that
     /// some usable node still had room for at the end.
     fn check(x: &Inputs, out: &[(Value, Value)]) {
-        let mut used: HashMap<Value, (i64, i64)> = HashMap::new();
-        let mut seen = BTreeSet::new();
-        let may_use = |s: Value, n: Value| !x.restricted.contains(&s) || x.allowed.contains(&(s, n));
+        let needs = x.needs();
+        let resources = x.resources();
+        let rooms = x.rooms(&resources);
+        let zero = vec![0; resources.len()];
+        let mut used: HashMap<Value, Vec<i64>> = HashMap::new();
+        let mut seen = HashSet::new();
+        let service_of = |i: Value| x.arg(arg::PENDING).iter().find(|p| p[0] == i).map(|p| p[1]).expect("assigned instances are pending");
         for (i, n) in out {
-            assert!(seen.insert(ByText(*i)), "{i:?} assigned twice");
-            let p = x.pending.iter().find(|p| p.0 == *i).expect("assigned instances are pending");
-            assert!(may_use(p.1, *n), "{i:?} on {n:?}, which its service may not use");
-            let u = used.entry(*n).or_default();
-            u.0 += p.2;
-            u.1 += p.3;
+            assert!(seen.insert(*i), "{i:?} assigned twice");
+            let s = service_of(*i);
+            assert!(usable(x, s, *n), "{i:?} on {n:?}, which its service may not use");
+            let u = used.entry(*n).or_insert_with(|| zero.clone());
+            for (r, a) in needs.get(&s).unwrap_or(&zero).iter().enumerate() {
+                u[r] += a;
+            }
         }
-        for (n, c, m, _) in &x.offers {
-            let u = used.get(n).copied().unwrap_or_default();
-            assert!(u.0 <= *c && u.1 <= *m, "{n:?} overcommitted: {u:?} > ({c}, {m})");
+        for (n, room) in &rooms {
+            let u = used.get(n).unwrap_or(&zero);
+            assert!(room.left.iter().zip(u).all(|(l, u)| u <= l), "{n:?} overcommitted: {u:?} > {:?}", room.left);
         }
-        for p in x.pending.iter().filter(|p| !seen.contains(&ByText(p.0))) {
-            for (n, fc, fm, _) in x.offers.iter().filter(|o| may_use(p.1, o.0)) {
-                let u = used.get(n).copied().unwrap_or_default();
-                assert!(fc - u.0 < p.2 || fm - u.1 < p.3, "{:?} left pending though {n:?} has room", p.0);
+        for p in x.arg(arg::PENDING).iter().filter(|p| !seen.contains(&p[0])) {
+            if x.arg(arg::HARD_SPREAD).iter().any(|h| h[0] == p[1]) {
+                continue;
+            }
+            let need = needs.get(&p[1]).unwrap_or(&zero);
+            for (n, room) in rooms.iter().filter(|(n, _)| usable(x, p[1], **n)) {
+                let u = used.get(n).unwrap_or(&zero);
+                assert!(room.left.iter().zip(u).zip(need).any(|((l, u), nd)| l - u < *nd), "{:?} left pending though {n:?} has room", p[0]);
             }
         }
     }
 
     #[test]
     fn two_hundred_pending_on_ten_nodes_that_hold_exactly_two_hundred() {
-        let nodes: Vec<Value> = (0..10).map(|n| v(&format!("node-{n}"))).collect();
-        let mut x = Inputs {
-            pending: (0..200).map(|i| (v(&format!("web-{i}")), v("web"), 100, 64)).collect(),
-            offers: offers(&nodes, 2000, 20 * 64),
-            ..Inputs::default()
-        };
-        let out = x.assign();
-        check(&x, &out);
-        assert_eq!(out.len(), 200);
-        // Spread: exactly 20 per node.
-        for n in &nodes {
-            assert_eq!(out.iter().filter(|(_, x)| x == n).count(), 20);
+        let mut c = Case::new().pending("web", 0, 200, 0).need("web", "cpu", 100).need("web", "memory", 64);
+        for n in 0..10 {
+            c = c.node(&format!("node-{n}"), 0, &[("cpu", 2000), ("memory", 20 * 64)]);
         }
-        // One more does not fit anywhere.
-        x.pending.push((v("web-200"), v("web"), 100, 64));
-        let out2 = x.assign();
-        check(&x, &out2);
-        assert_eq!(out2.len(), 200);
+        let out = c.assign();
+        assert_eq!(out.len(), 200);
+        for n in 0..10 {
+            assert_eq!(on(&out, &format!("node-{n}")), 20, "spread evenly");
+        }
+        assert_eq!(c.pending("web", 200, 201, 0).assign().len(), 200, "one more fits nowhere");
     }
 
     #[test]
     fn prefers_spread_then_score_then_name_and_is_deterministic() {
-        let x = Inputs {
-            pending: (0..3).map(|i| (v(&format!("a-{i}")), v("a"), 1, 1)).collect(),
-            offers: vec![(v("n2"), 10, 10, 5), (v("n1"), 10, 10, 5), (v("n3"), 10, 10, 0)],
-            spread: vec![(v("a"), v("n3"), 1)],
-            ..Inputs::default()
-        };
-        let out = x.assign();
+        let c = Case::new()
+            .pending("a", 0, 3, 0)
+            .need("a", "cpu", 1)
+            .node("n2", 5, &[("cpu", 10)])
+            .node("n1", 5, &[("cpu", 10)])
+            .node("n3", 0, &[("cpu", 10)])
+            .row(arg::SPREAD, vec![v("a"), v("n3"), Value::Int(1)]);
+        let out = c.assign();
         assert_eq!(out, vec![(v("a-0"), v("n1")), (v("a-1"), v("n2")), (v("a-2"), v("n3"))]);
-        let mut reversed = x.clone();
-        reversed.offers.reverse();
+        let mut reversed = c.clone();
+        reversed.0.args.iter_mut().for_each(|a| a.reverse());
         assert_eq!(reversed.assign(), out, "input order does not matter");
     }
 
     #[test]
     fn a_restricted_service_uses_only_allowed_nodes() {
-        let nodes: Vec<Value> = (0..4).map(|n| v(&format!("n{n}"))).collect();
-        let mut x = Inputs {
-            pending: vec![(v("db-0"), v("db"), 1, 1), (v("db-1"), v("db"), 1, 1), (v("web-0"), v("web"), 1, 1)],
-            offers: offers(&nodes, 10, 10),
-            restricted: vec![v("db")],
-            allowed: vec![(v("db"), v("n3"))],
-            ..Inputs::default()
-        };
-        let out = x.assign();
-        check(&x, &out);
-        assert_eq!(out, vec![(v("db-0"), v("n3")), (v("db-1"), v("n3")), (v("web-0"), v("n0"))]);
+        let mut c = Case::new().pending("db", 0, 2, 0).pending("web", 0, 1, 0).one(arg::RESTRICTED, "db").pairs(arg::ALLOWED, &[("db", "n3")]);
+        for n in 0..4 {
+            c = c.node(&format!("n{n}"), 0, &[("cpu", 10)]);
+        }
+        assert_eq!(c.assign(), vec![(v("db-0"), v("n3")), (v("db-1"), v("n3")), (v("web-0"), v("n0"))]);
         // Restricted with nothing allowed (a bound volume's node is down): nowhere.
-        x.allowed.clear();
-        assert_eq!(x.assign(), vec![(v("web-0"), v("n0"))]);
+        c.0.args[arg::ALLOWED].clear();
+        assert_eq!(c.assign(), vec![(v("web-0"), v("n0"))]);
         // Allowed a node that offers nothing: nowhere either.
-        x.allowed.push((v("db"), v("n9")));
-        assert_eq!(x.assign(), vec![(v("web-0"), v("n0"))]);
+        let c = c.pairs(arg::ALLOWED, &[("db", "n9")]);
+        assert_eq!(c.assign(), vec![(v("web-0"), v("n0"))]);
     }
 
     #[test]
     fn one_big_round_balances_load_across_services() {
         // 10 services × 10 instances on 20 equal nodes: 5 per node, not 10 on the first 10.
-        let nodes: Vec<Value> = (0..20).map(|n| v(&format!("n{n:02}"))).collect();
-        let x = Inputs {
-            pending: (0..100).map(|i| (v(&format!("s{}-{}", i / 10, i % 10)), v(&format!("s{}", i / 10)), 100, 100)).collect(),
-            offers: offers(&nodes, 10_000, 10_000),
-            ..Inputs::default()
-        };
-        let out = x.assign();
-        check(&x, &out);
-        for n in &nodes {
-            let on = out.iter().filter(|(_, x)| x == n).count();
-            assert_eq!(on, 5, "{n:?} got {on}");
+        let mut c = Case::new();
+        for s in 0..10 {
+            c = c.pending(&format!("s{s}"), 0, 10, 0).need(&format!("s{s}"), "cpu", 100).need(&format!("s{s}"), "memory", 100);
         }
+        for n in 0..20 {
+            c = c.node(&format!("n{n:02}"), 0, &[("cpu", 10_000), ("memory", 10_000)]);
+        }
+        let out = c.assign();
+        for n in 0..20 {
+            assert_eq!(on(&out, &format!("n{n:02}")), 5, "n{n:02}");
+        }
+    }
+
+    #[test]
+    fn any_resource_counts_and_a_node_without_it_takes_nothing_that_needs_it() {
+        let c = Case::new()
+            .pending("train", 0, 3, 0)
+            .need("train", "cpu", 100)
+            .need("train", "gpu", 1)
+            .pending("web", 0, 2, 0)
+            .need("web", "cpu", 100)
+            .node("cpu-only", 0, &[("cpu", 10_000)])
+            .node("gpu-1", 0, &[("cpu", 10_000), ("gpu", 2)]);
+        let out = c.assign();
+        assert_eq!(on(&out, "gpu-1"), 2 + out.iter().filter(|(i, n)| i.to_string().starts_with("web") && *n == v("gpu-1")).count());
+        assert!(out.iter().all(|(i, n)| !i.to_string().starts_with("train") || *n == v("gpu-1")), "{out:?}");
+        assert_eq!(out.iter().filter(|(i, _)| i.to_string().starts_with("train")).count(), 2, "two GPUs, two trainers: {out:?}");
+    }
+
+    #[test]
+    fn a_reserved_node_takes_only_admitted_services() {
+        let c = Case::new()
+            .pending("web", 0, 3, 0)
+            .pending("ops", 0, 1, 0)
+            .node("tainted", -100, &[("cpu", 10)])
+            .node("plain", 0, &[("cpu", 10)])
+            .one(arg::RESERVED, "tainted")
+            .pairs(arg::ADMITTED, &[("ops", "tainted")]);
+        let out = c.assign();
+        assert_eq!(on(&out, "tainted"), 1, "only ops, though it scores best: {out:?}");
+        assert!(out.contains(&(v("ops-0"), v("tainted"))));
+    }
+
+    #[test]
+    fn a_hard_spread_never_exceeds_its_skew_however_many_are_pending() {
+        // Three zones, one of them small: max_skew 1 keeps them within one.
+        let mut c = Case::new().pending("web", 0, 9, 0).need("web", "cpu", 100).row(arg::HARD_SPREAD, vec![v("web"), v("zone"), Value::Int(1)]);
+        for (n, z, cpu) in [("a1", "a", 1000), ("a2", "a", 1000), ("b1", "b", 1000), ("c1", "c", 200)] {
+            c = c.node(n, 0, &[("cpu", cpu)]).zone(n, z);
+        }
+        let out = c.assign();
+        let zone = |z: &str| out.iter().filter(|(_, n)| n.to_string().starts_with(z)).count();
+        // Zone c fits 2: so a and b get at most 3 each, and the rest wait.
+        assert_eq!((zone("a"), zone("b"), zone("c")), (3, 3, 2), "{out:?}");
+        // Instances already there count.
+        let c = c.row(arg::SPREAD, vec![v("web"), v("a1"), Value::Int(2)]);
+        let out = c.assign();
+        let zone = |z: &str| out.iter().filter(|(_, n)| n.to_string().starts_with(z)).count();
+        assert_eq!((zone("a"), zone("b"), zone("c")), (1, 3, 2), "{out:?}");
+    }
+
+    #[test]
+    fn a_packed_service_fills_the_most_allocated_node_first() {
+        let c = Case::new().pending("batch", 0, 3, 0).need("batch", "cpu", 100).one(arg::PACKED, "batch").node("empty", 0, &[("cpu", 1000)]).node(
+            "busy",
+            500,
+            &[("cpu", 1000)],
+        );
+        assert_eq!(c.assign().iter().map(|(_, n)| n.to_string()).collect::<Vec<_>>(), vec!["busy"; 3]);
+    }
+
+    #[test]
+    fn higher_priority_takes_scarce_room_first() {
+        let c = Case::new().pending("a-low", 0, 1, 0).need("a-low", "cpu", 100).pending("z-high", 0, 1, 10).need("z-high", "cpu", 100).node(
+            "n",
+            0,
+            &[("cpu", 100)],
+        );
+        assert_eq!(c.assign(), vec![(v("z-high-0"), v("n"))]);
     }
 
     #[test]
@@ -389,36 +702,58 @@ mod tests {
             seed ^= seed << 17;
             seed % n
         };
-        for _ in 0..500 {
+        for _ in 0..1500 {
             let services = 1 + next(4);
             let nodes = 1 + next(8);
-            let mut x = Inputs::default();
-            for i in 0..next(40) {
-                // Instances of one service ask for the same (as the rules make them).
-                let s = next(services);
-                x.pending.push((v(&format!("s{s}-{i}")), v(&format!("s{s}")), 10 * (1 + s as i64), 5 * (1 + (s as i64 % 2))));
-            }
-            for n in 0..nodes {
-                if next(5) > 0 {
-                    x.offers.push((v(&format!("n{n}")), next(100) as i64, next(60) as i64, next(5) as i64));
-                }
-            }
+            let resources = ["cpu", "memory", "gpu"];
+            let mut c = Case::new();
             for s in 0..services {
+                let name = format!("s{s}");
+                c = c.pending(&name, 0, next(12) as usize, next(3) as i64);
+                for r in resources.iter().take(1 + next(3) as usize) {
+                    c = c.need(&name, r, next(30) as i64);
+                }
                 if next(3) == 0 {
-                    x.restricted.push(v(&format!("s{s}")));
+                    c = c.one(arg::RESTRICTED, &name);
+                }
+                if next(4) == 0 {
+                    c = c.one(arg::PACKED, &name);
+                }
+                if next(3) == 0 {
+                    c = c.row(arg::HARD_SPREAD, vec![v(&name), v("zone"), Value::Int(1 + next(2) as i64)]);
                 }
                 for n in 0..nodes {
+                    let node = format!("n{n}");
                     if next(3) == 0 {
-                        x.allowed.push((v(&format!("s{s}")), v(&format!("n{n}"))));
+                        c = c.pairs(arg::ALLOWED, &[(&name, &node)]);
+                    }
+                    if next(3) == 0 {
+                        c = c.pairs(arg::ADMITTED, &[(&name, &node)]);
                     }
                     if next(4) == 0 {
-                        x.spread.push((v(&format!("s{s}")), v(&format!("n{n}")), next(3) as i64));
+                        c = c.row(arg::SPREAD, vec![v(&name), v(&node), Value::Int(next(3) as i64)]);
                     }
                 }
             }
-            let out = x.assign();
-            check(&x, &out);
-            assert_eq!(out, reference(&x), "differs from the reference on {x:?}");
+            for n in 0..nodes {
+                let node = format!("n{n}");
+                if next(5) > 0 {
+                    let mut room: Vec<(&str, i64)> = Vec::new();
+                    for r in resources {
+                        if next(4) > 0 {
+                            room.push((r, next(120) as i64));
+                        }
+                    }
+                    c = c.node(&node, next(5) as i64 * 100, &room);
+                }
+                if next(4) == 0 {
+                    c = c.one(arg::RESERVED, &node);
+                }
+                if next(5) > 0 {
+                    c = c.zone(&node, ["a", "b", "c"][next(3) as usize]);
+                }
+            }
+            c.assign();
         }
     }
 }

@@ -58,6 +58,14 @@ impl CExpr {
                     Func::StartsWith => Value::str(if text(a(0)?).starts_with(&*text(a(1)?)) { "true" } else { "false" }),
                     Func::Contains => Value::str(if text(a(0)?).contains(&*text(a(1)?)) { "true" } else { "false" }),
                     Func::ToString => Value::str(&a(0)?.text()),
+                    Func::Before => {
+                        let (s, sep) = (text(a(0)?), text(a(1)?));
+                        Value::str(s.split_once(&*sep).map_or(&*s, |(b, _)| b))
+                    }
+                    Func::After => {
+                        let (s, sep) = (text(a(0)?), text(a(1)?));
+                        Value::str(s.split_once(&*sep).map_or("", |(_, a)| a))
+                    }
                 }
             }
             CExpr::Bin(BinOp::Concat, x, y) => {

@@ -64,8 +64,12 @@ fn a_new_placement_names_what_assign_read() {
     assert_eq!(
         premises(proof),
         vec![
-            r#"pending("web-0", "web", 500, 64)"#.to_string(),
-            r#"offer("node-3", 4000, 1024, 0)"#.to_string(),
+            r#"pending("web-0", "web", 0)"#.to_string(),
+            r#"need("web", "cpu", 500)"#.to_string(),
+            r#"need("web", "memory", 64)"#.to_string(),
+            r#"offer("node-3", 0)"#.to_string(),
+            r#"room("node-3", "cpu", 4000, 4000)"#.to_string(),
+            r#"room("node-3", "memory", 1024, 1024)"#.to_string(),
             r#"restricted("web")"#.to_string(),
             r#"allowed("web", "node-3")"#.to_string(),
         ]
@@ -81,10 +85,21 @@ fn an_instance_that_fits_nowhere_has_every_nodes_reason() {
     let e = explain::explain(&db, "placement/instance/big-0", None, true, explain::Options::default()).unwrap();
     assert!(!e.holds);
     let text = explain::render::text(&e);
-    assert!(text.contains("0/3 nodes can take big-0"), "{text}");
+    assert!(text.contains("0/3 nodes can take big-0 — fits nowhere, ever: no node it may use is big enough"), "{text}");
     assert!(text.contains("3 × insufficient cpu (needs 8000): node-1, node-2, node-3"), "{text}");
+    assert!(text.contains("node-2: cpu 4000 free of 4000 (needs 8000)"), "free and total per node: {text}");
+    // Room that is only taken waits for room, and says so.
+    let mut f = facts();
+    f.push(("desired/service/mid/cpu".into(), "3000".into()));
+    f.push(("intent/user/service/mid/instances".into(), "3".into()));
+    let pairs: Vec<(&str, &str)> = f.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let s2 = session(&pairs);
+    let db2 = explain::Db::of_session(&s2);
+    let e = explain::explain(&db2, "placement/instance/mid-2", None, true, explain::Options::default()).unwrap();
+    let text = explain::render::text(&e);
+    assert!(text.contains("0/3 nodes can take mid-2 — waits for room"), "{text}");
     // web is restricted to zone a: node-2 is not allowed, node-1 lacks room.
     let e = explain::explain(&db, "placement/instance/web-0", Some("node-2"), true, explain::Options::default()).unwrap();
     let text = explain::render::text(&e);
-    assert!(text.contains("not allowed: selector_miss(\"web\", node) holds"), "{text}");
+    assert!(text.contains("not allowed: is_excluded(\"web\", node) holds (excluded(\"web\", node, \"lacks label zone=a\"))"), "{text}");
 }

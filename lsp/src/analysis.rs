@@ -257,6 +257,8 @@ fn function_signature(f: Func) -> String {
         Func::StartsWith => "starts_with(text, prefix) -> bool",
         Func::Contains => "contains(text, part) -> bool",
         Func::ToString => "to_string(int) -> string",
+        Func::Before => "before(text, separator) -> string",
+        Func::After => "after(text, separator) -> string",
     }
     .to_string()
 }
@@ -269,6 +271,8 @@ fn function_doc(f: Func) -> &'static str {
         Func::StartsWith => "`true` if the text starts with the prefix; usable alone as a body literal.",
         Func::Contains => "`true` if the part occurs in the text; usable alone as a body literal.",
         Func::ToString => "The decimal text of an int.",
+        Func::Before => "The text before the first separator (all of it if there is none).",
+        Func::After => "The text after the first separator (\"\" if there is none).",
     }
 }
 

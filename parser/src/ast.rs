@@ -90,7 +90,7 @@ pub struct Decl {
     pub span: Span,
 }
 
-/// A built-in applied to relations: `assign(pending, offer, spread, restricted, allowed)`.
+/// A built-in applied to relations: `assign(pending, need, …)` (program::ASSIGN).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BuiltinCall {
     pub name: Ident,
@@ -162,10 +162,14 @@ pub enum Func {
     Contains,
     /// `to_string(int)`: its decimal text.
     ToString,
+    /// `before(text, sep)`: the text before the first `sep` (all of it if
+    /// there is none); `after(text, sep)`: the text after it ("" if none).
+    Before,
+    After,
 }
 
 impl Func {
-    pub const ALL: [Func; 6] = [Func::Len, Func::Min, Func::Max, Func::StartsWith, Func::Contains, Func::ToString];
+    pub const ALL: [Func; 8] = [Func::Len, Func::Min, Func::Max, Func::StartsWith, Func::Contains, Func::ToString, Func::Before, Func::After];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -175,6 +179,8 @@ impl Func {
             Func::StartsWith => "starts_with",
             Func::Contains => "contains",
             Func::ToString => "to_string",
+            Func::Before => "before",
+            Func::After => "after",
         }
     }
 

@@ -10,7 +10,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// The built-in's call, as help texts show it.
-const ASSIGN_CALL: &str = "assign(pending, offer, spread, restricted, allowed)";
 
 /// Checks parsed files. Returns the program when there are no errors; the
 /// diagnostics (warnings included) either way.
@@ -219,7 +218,7 @@ impl Checker {
         self.relations.push(Relation { name: d.name.name.clone(), kind: d.kind, columns, pattern, builtin: None, doc: d.doc.clone(), span: d.span });
     }
 
-    /// Resolves `relation r(…) = assign(pending, offer, spread, restricted, allowed)` and checks
+    /// Resolves `relation r(…) = assign(…)` and checks
     /// every relation's columns against what the built-in needs.
     fn builtin(&mut self, d: &ast::Decl) {
         let Some(call) = &d.builtin else { return };
@@ -230,36 +229,30 @@ impl Checker {
         if call.name.name != "assign" {
             self.error(
                 Diagnostic::error("unknown-builtin", call.name.span, format!("unknown built-in `{}`", call.name.name))
-                    .with_help(format!("the built-in is `{ASSIGN_CALL}`")),
+                    .with_help(format!("the built-in is `{}`", crate::program::assign_call())),
             );
             return;
         }
-        use Type::{Int, String as Text};
-        // (role, expected column types) — text columns accept `name` or `string`.
-        let shapes: [(&str, &[Type]); 5] = [
-            ("pending(instance, service, cpu, memory)", &[Text, Text, Int, Int]),
-            ("offer(node, cpu, memory, score)", &[Text, Int, Int, Int]),
-            ("spread(service, node, count)", &[Text, Text, Int]),
-            ("restricted(service)", &[Text]),
-            ("allowed(service, node)", &[Text, Text]),
-        ];
-        if call.args.len() != shapes.len() {
+        let signature = crate::program::ASSIGN;
+        if call.args.len() != signature.len() {
             self.error(
-                Diagnostic::error("builtin-arity", call.span, format!("`assign` takes {} relations, found {}", shapes.len(), call.args.len()))
-                    .with_help(format!("write `{ASSIGN_CALL}`")),
+                Diagnostic::error("builtin-arity", call.span, format!("`assign` takes {} relations, found {}", signature.len(), call.args.len()))
+                    .with_help(format!("write `{}`", crate::program::assign_call())),
             );
             return;
         }
         let mut ids = Vec::new();
-        for (arg, (role, types)) in call.args.iter().zip(shapes) {
+        for (arg, want) in call.args.iter().zip(signature) {
             let Some(rel) = self.lookup(arg) else { return };
             let cols: Vec<Type> = self.relations[rel].columns.iter().map(|c| c.ty).collect();
-            if cols.len() != types.len() || cols.iter().zip(types).any(|(a, b)| !a.compatible(*b)) {
+            if cols.len() != want.columns.len() || cols.iter().zip(want.columns).any(|(a, (_, b))| !a.compatible(*b)) {
+                let shape = want.columns.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
                 self.error(
-                    Diagnostic::error("builtin-signature", arg.span, format!("`{}` does not have the columns of {role}", arg.name))
+                    Diagnostic::error("builtin-signature", arg.span, format!("`{}` does not have the columns of {}({shape})", arg.name, want.role))
                         .with_help(format!(
-                            "declare it with columns of types ({})",
-                            types.iter().map(|t| if t.is_text() { "name" } else { "int" }).collect::<Vec<_>>().join(", ")
+                            "declare it with columns of types ({}): {}",
+                            want.columns.iter().map(|(_, t)| if t.is_text() { "name" } else { "int" }).collect::<Vec<_>>().join(", "),
+                            want.doc
                         ))
                         .with_note(self.relations[rel].span, "declared here"),
                 );
@@ -275,7 +268,7 @@ impl Checker {
             );
             return;
         }
-        self.relations[id].builtin = Some(Builtin::Assign { pending: ids[0], offer: ids[1], spread: ids[2], restricted: ids[3], allowed: ids[4] });
+        self.relations[id].builtin = Some(Builtin::Assign(ids));
     }
 
     fn lookup(&mut self, name: &ast::Ident) -> Option<RelId> {
@@ -951,7 +944,7 @@ impl Checker {
                         want_text(self, 0);
                         Type::Int
                     }
-                    ast::Func::StartsWith | ast::Func::Contains => {
+                    ast::Func::StartsWith | ast::Func::Contains | ast::Func::Before | ast::Func::After => {
                         want_text(self, 0);
                         want_text(self, 1);
                         Type::String
@@ -1310,6 +1303,8 @@ fn function_shape(f: ast::Func) -> &'static str {
         ast::Func::StartsWith => "starts_with(text, prefix)",
         ast::Func::Contains => "contains(text, part)",
         ast::Func::ToString => "to_string(int)",
+        ast::Func::Before => "before(text, separator)",
+        ast::Func::After => "after(text, separator)",
     }
 }
 

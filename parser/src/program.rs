@@ -98,18 +98,104 @@ pub struct Relation {
 /// Relations computed by a built-in operator instead of rules.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Builtin {
-    /// `assign(pending, offer, spread, restricted, allowed)`:
-    /// capacity-respecting greedy assignment of instances to nodes (see
-    /// docs/language.md).
-    Assign { pending: RelId, offer: RelId, spread: RelId, restricted: RelId, allowed: RelId },
+    /// `assign(pending, need, …, packed)`: capacity-respecting greedy
+    /// assignment of instances to nodes (docs/language.md). Its arguments,
+    /// in the order of [`ASSIGN`].
+    Assign(Vec<RelId>),
 }
 
 impl Builtin {
     pub fn reads(&self) -> Vec<RelId> {
         match self {
-            Builtin::Assign { pending, offer, spread, restricted, allowed } => vec![*pending, *offer, *spread, *restricted, *allowed],
+            Builtin::Assign(args) => args.clone(),
         }
     }
+    /// The relation given for argument `arg` (an index into [`ASSIGN`]).
+    pub fn arg(&self, arg: usize) -> RelId {
+        match self {
+            Builtin::Assign(args) => args[arg],
+        }
+    }
+}
+
+/// One argument of a built-in: its role, the columns it needs (text columns
+/// take `name` or `string`) and what its rows mean. The one declaration the
+/// checker checks against, the dataflow tags rows by (position), the
+/// built-in reads, and explain names premises by.
+#[derive(Debug)]
+pub struct BuiltinArg {
+    pub role: &'static str,
+    pub columns: &'static [(&'static str, Type)],
+    pub doc: &'static str,
+}
+
+/// The arguments of `assign`, in order.
+pub const ASSIGN: &[BuiltinArg] = &[
+    BuiltinArg {
+        role: "pending",
+        columns: &[("instance", Type::Name), ("service", Type::Name), ("priority", Type::Int)],
+        doc: "instances waiting for a node; higher priority first",
+    },
+    BuiltinArg {
+        role: "need",
+        columns: &[("service", Type::Name), ("resource", Type::Name), ("amount", Type::Int)],
+        doc: "what each instance of a service asks for, per resource (unlisted: 0)",
+    },
+    BuiltinArg {
+        role: "offer",
+        columns: &[("node", Type::Name), ("score", Type::Int)],
+        doc: "the nodes that take instances and their preference (lower first)",
+    },
+    BuiltinArg {
+        role: "room",
+        columns: &[("node", Type::Name), ("resource", Type::Name), ("free", Type::Int), ("total", Type::Int)],
+        doc: "what an offered node has left of each resource, and its total (unlisted: none)",
+    },
+    BuiltinArg {
+        role: "spread",
+        columns: &[("service", Type::Name), ("node", Type::Name), ("count", Type::Int)],
+        doc: "instances of the service already on the node (fewer first)",
+    },
+    BuiltinArg { role: "restricted", columns: &[("service", Type::Name)], doc: "services that may use only the nodes `allowed` lists" },
+    BuiltinArg { role: "allowed", columns: &[("service", Type::Name), ("node", Type::Name)], doc: "where a restricted service may run" },
+    BuiltinArg { role: "reserved", columns: &[("node", Type::Name)], doc: "nodes only the services `admitted` lists may use (tainted)" },
+    BuiltinArg {
+        role: "admitted",
+        columns: &[("service", Type::Name), ("node", Type::Name)],
+        doc: "a service that may use a reserved node (it tolerates its taints)",
+    },
+    BuiltinArg {
+        role: "hard_spread",
+        columns: &[("service", Type::Name), ("key", Type::Name), ("max_skew", Type::Int)],
+        doc: "services whose instances per topology domain may differ by at most max_skew",
+    },
+    BuiltinArg {
+        role: "topology",
+        columns: &[("node", Type::Name), ("key", Type::Name), ("domain", Type::String)],
+        doc: "the domain of a node for a topology key (its label's value)",
+    },
+    BuiltinArg { role: "packed", columns: &[("service", Type::Name)], doc: "services placed most-allocated first (bin-packing) instead of least-allocated" },
+];
+
+/// Positions of `assign`'s arguments in [`ASSIGN`].
+pub mod assign_arg {
+    pub const PENDING: usize = 0;
+    pub const NEED: usize = 1;
+    pub const OFFER: usize = 2;
+    pub const ROOM: usize = 3;
+    pub const SPREAD: usize = 4;
+    pub const RESTRICTED: usize = 5;
+    pub const ALLOWED: usize = 6;
+    pub const RESERVED: usize = 7;
+    pub const ADMITTED: usize = 8;
+    pub const HARD_SPREAD: usize = 9;
+    pub const TOPOLOGY: usize = 10;
+    pub const PACKED: usize = 11;
+}
+
+/// `assign(pending, need, …)` as users write it.
+pub fn assign_call() -> String {
+    format!("assign({})", ASSIGN.iter().map(|a| a.role).collect::<Vec<_>>().join(", "))
 }
 
 impl Relation {

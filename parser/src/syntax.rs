@@ -392,7 +392,7 @@ impl P {
         let (i, builtin) = match (kind, self.tok(i, "=")) {
             (DeclKind::Relation, Ok((r, _))) => {
                 let call_start = r;
-                let (r, fname) = self.ident(r, "a built-in, e.g. assign(pending, offer, spread, restricted, allowed)")?;
+                let (r, fname) = self.ident(r, "a built-in, e.g. assign(pending, need, offer, …)")?;
                 let (r, _) = self.tok(r, "(")?;
                 let (r, args) = self.list(r, |x| self.ident(x, "a relation name"))?;
                 let close = self.pos(r) + 1;

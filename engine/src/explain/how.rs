@@ -143,21 +143,41 @@ impl<'d, 'a> Prover<'d, 'a> {
     }
 
     /// The facts behind a built-in assignment: the instance's pending fact,
-    /// the node's offer, the service's spread there (if listed), and for a
-    /// restricted service that restriction and the node being allowed.
+    /// its service's needs, the node's offer and room, the service's spread
+    /// there (if listed); for a restricted service that restriction and the
+    /// node being allowed; for a reserved node that reservation and the
+    /// service's admission; for a hard spread that spread and the node's
+    /// domain; and a packing policy.
     fn assign_premises(&self, row: &[Value], b: &Builtin) -> Result<Vec<Fact>, String> {
-        let Builtin::Assign { pending, offer, spread, restricted, allowed } = *b;
+        use ccattler_parser::program::assign_arg as a;
+        let rel = |x: usize| b.arg(x);
         let (instance, node) = (row[0], row[1]);
-        let p = self.db.lookup(pending, &[0], &[instance])?;
+        let p = self.db.lookup(rel(a::PENDING), &[0], &[instance])?;
         let Some(p) = p.first() else { return Err(format!("assigned {instance} has no pending fact")) };
         let service = p[1];
-        let mut out = vec![(pending, p.clone())];
-        out.extend(self.db.lookup(offer, &[0], &[node])?.into_iter().take(1).map(|r| (offer, r)));
-        out.extend(self.db.lookup(spread, &[0, 1], &[service, node])?.into_iter().take(1).map(|r| (spread, r)));
-        if let Some(r) = self.db.lookup(restricted, &[0], &[service])?.into_iter().next() {
-            out.push((restricted, r));
-            out.extend(self.db.lookup(allowed, &[0, 1], &[service, node])?.into_iter().take(1).map(|r| (allowed, r)));
+        let mut out = vec![(rel(a::PENDING), p.clone())];
+        let mut all = |x: usize, cols: &[usize], vals: &[Value], take: usize| -> Result<Vec<Value>, String> {
+            let rows = self.db.lookup(rel(x), cols, vals)?;
+            let firsts = rows.iter().map(|r| r[r.len() - 1]).collect();
+            out.extend(rows.into_iter().take(take).map(|r| (rel(x), r)));
+            Ok(firsts)
+        };
+        all(a::NEED, &[0], &[service], usize::MAX)?;
+        all(a::OFFER, &[0], &[node], 1)?;
+        all(a::ROOM, &[0], &[node], usize::MAX)?;
+        all(a::SPREAD, &[0, 1], &[service, node], 1)?;
+        if !all(a::RESTRICTED, &[0], &[service], 1)?.is_empty() {
+            all(a::ALLOWED, &[0, 1], &[service, node], 1)?;
         }
+        if !all(a::RESERVED, &[0], &[node], 1)?.is_empty() {
+            all(a::ADMITTED, &[0, 1], &[service, node], 1)?;
+        }
+        let hard = self.db.lookup(rel(a::HARD_SPREAD), &[0], &[service])?;
+        if let Some(h) = hard.first() {
+            out.push((rel(a::HARD_SPREAD), h.clone()));
+            out.extend(self.db.lookup(rel(a::TOPOLOGY), &[0, 1], &[node, h[1]])?.into_iter().take(1).map(|r| (rel(a::TOPOLOGY), r)));
+        }
+        out.extend(self.db.lookup(rel(a::PACKED), &[0], &[service])?.into_iter().take(1).map(|r| (rel(a::PACKED), r)));
         Ok(out)
     }
 
@@ -189,7 +209,7 @@ impl<'d, 'a> Prover<'d, 'a> {
                 premises.push(self.node(r, &p, depth + 1)?);
             }
             let note = format!(
-                "assign gave {} the first node with room among those its service may use, ordered by (spread, score, node name), charging capacity as it went (docs/language.md)",
+                "assign gave {} the first node with room for all it needs among those its service may use, ordered by (domain count for a hard spread, spread, score, node name; most allocated first when packed), charging capacity as it went (docs/language.md)",
                 value_text(&row[0])
             );
             return Ok(node(How::Assigned { builtin: "assign".into(), premises, note }));

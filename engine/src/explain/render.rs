@@ -165,7 +165,8 @@ fn why_not(out: &mut String, w: &WhyNot, depth: usize) {
 fn assign(out: &mut String, a: &AssignWhyNot, depth: usize) {
     pad(out, depth);
     if a.reasons.iter().all(|r| r.count > 0) && a.nodes > 0 {
-        let _ = writeln!(out, "{}/{} nodes can take {}:", a.fit, a.nodes, a.instance);
+        let verdict = if a.verdict.is_empty() { String::new() } else { format!(" — {}", a.verdict) };
+        let _ = writeln!(out, "{}/{} nodes can take {}{verdict}:", a.fit, a.nodes, a.instance);
     } else {
         let _ = writeln!(out, "{}", a.summary);
     }
@@ -176,6 +177,14 @@ fn assign(out: &mut String, a: &AssignWhyNot, depth: usize) {
     for r in a.reasons.iter().filter(|r| r.count > 0) {
         pad(out, depth + 1);
         let _ = writeln!(out, "{} × {}: {}", r.count, r.reason, names(&r.nodes, 20));
+    }
+    for l in a.lacking.iter().take(20) {
+        pad(out, depth + 2);
+        let _ = writeln!(out, "{}: {} {} free of {} (needs {})", l.node, l.resource, l.free, l.total, l.needs);
+    }
+    if a.lacking.len() > 20 {
+        pad(out, depth + 2);
+        let _ = writeln!(out, "… {} more (the JSON lists every one)", a.lacking.len() - 20);
     }
 }
 

@@ -120,8 +120,25 @@ pub struct AssignWhyNot {
     /// Each reason, with how many nodes and which; a node is listed under
     /// every reason that rules it out.
     pub reasons: Vec<Reason>,
-    /// `0/12 nodes can take web-7: 7 insufficient cpu (…), …`
+    /// Each node that lacks a resource: what it has free and in total.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lacking: Vec<Lack>,
+    /// For an instance no node can take because of room: `waits for room`,
+    /// or `fits nowhere, ever: …` when no node it may use is big enough.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub verdict: String,
+    /// `0/12 nodes can take web-7 — waits for room: 7 insufficient cpu (…), …`
     pub summary: String,
+}
+
+/// A node without room for a resource the instance needs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Lack {
+    pub node: String,
+    pub resource: String,
+    pub needs: i64,
+    pub free: i64,
+    pub total: i64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -356,53 +373,92 @@ impl WhyNotCx<'_, '_> {
 
     /// Every node against every constraint, for one pending instance.
     fn assign(&self, pattern: &[Option<Value>], b: &Builtin, depth: usize) -> Result<AssignWhyNot, String> {
-        let Builtin::Assign { pending, offer, spread, restricted, allowed } = *b;
+        use ccattler_parser::program::assign_arg as a;
         let program = self.db.program;
+        let rel = |x: usize| b.arg(x);
         let Some(instance) = pattern[0] else { return Err("why-not of an assignment needs the instance".into()) };
-        let mut out = AssignWhyNot { instance: instance.to_string(), pending: None, nodes: 0, fit: 0, reasons: vec![], summary: String::new() };
-        let pend = self.db.lookup(pending, &[0], &[instance])?;
+        let mut out = AssignWhyNot {
+            instance: instance.to_string(),
+            pending: None,
+            nodes: 0,
+            fit: 0,
+            reasons: vec![],
+            lacking: vec![],
+            verdict: String::new(),
+            summary: String::new(),
+        };
+        let pend = self.db.lookup(rel(a::PENDING), &[0], &[instance])?;
         let Some(p) = pend.first().cloned() else {
-            let why = self.why_not(pending, &[Some(instance), None, None, None], depth + 1)?;
+            let none: Vec<Option<Value>> =
+                std::iter::once(Some(instance)).chain(std::iter::repeat(None)).take(program.relations[rel(a::PENDING)].arity()).collect();
+            let why = self.why_not(rel(a::PENDING), &none, depth + 1)?;
             out.summary = format!("{instance} is not pending: {}", short(&why));
             out.reasons.push(Reason { reason: format!("not pending: {}", short(&why)), count: 0, nodes: vec![] });
             return Ok(out);
         };
-        out.pending = Some(row_text(program, pending, &p));
-        let (service, cpu, mem) = (p[1], p[2].as_int().unwrap_or(0), p[3].as_int().unwrap_or(0));
-        let is_restricted = !self.db.lookup(restricted, &[0], &[service])?.is_empty();
-        let node_col = program.relations[offer].columns[0].name.clone();
+        let service = p[1];
+        // The round, as the dataflow ran it (the same built-in).
+        let mut round = crate::builtin::Inputs { args: Vec::new() };
+        for x in 0..ccattler_parser::program::ASSIGN.len() {
+            round.args.push(self.db.rows(rel(x))?.iter().cloned().collect());
+        }
+        let int = |v: &Value| v.as_int().unwrap_or(0);
+        let needs: BTreeMap<Value, i64> = round.arg(a::NEED).iter().filter(|r| r[0] == service).map(|r| (r[1], int(&r[2]))).collect();
+        out.pending = Some(format!(
+            "{}{}",
+            row_text(program, rel(a::PENDING), &p),
+            if needs.is_empty() { String::new() } else { format!(", needs {}", needs.iter().map(|(r, n)| format!("{r} {n}")).collect::<Vec<_>>().join(", ")) }
+        ));
+        let is_restricted = round.arg(a::RESTRICTED).iter().any(|r| r[0] == service);
+        let hard = round.arg(a::HARD_SPREAD).iter().find(|r| r[0] == service).map(|r| (r[1], int(&r[2])));
+        let node_col = program.relations[rel(a::OFFER)].columns[0].name.clone();
         let nodes = match pattern[1] {
             Some(n) => vec![n],
             None => self.db.domain(&node_col)?,
         };
         out.nodes = nodes.len();
-        // What this round handed out (the same built-in the dataflow runs).
-        let all = |rel: RelId| self.db.rows(rel);
-        let int = |v: &Value| v.as_int().unwrap_or(0);
-        let round = crate::builtin::Inputs {
-            pending: all(pending)?.iter().map(|r| (r[0], r[1], int(&r[2]), int(&r[3]))).collect(),
-            offers: all(offer)?.iter().map(|r| (r[0], int(&r[1]), int(&r[2]), int(&r[3]))).collect(),
-            spread: all(spread)?.iter().map(|r| (r[0], r[1], int(&r[2]))).collect(),
-            restricted: all(restricted)?.iter().map(|r| r[0]).collect(),
-            allowed: all(allowed)?.iter().map(|r| (r[0], r[1])).collect(),
-        };
         let assigned = round.assign();
-        let mut charged: BTreeMap<Value, (i64, i64)> = BTreeMap::new();
-        let mut taken_by: Option<Value> = None;
-        let requests: BTreeMap<Value, (i64, i64)> = round.pending.iter().map(|(i, _, c, m)| (*i, (*c, *m))).collect();
+        let taken_by = assigned.iter().find(|(i, _)| *i == instance).map(|(_, n)| *n);
+        // What the round handed out per node and resource.
+        let service_of: BTreeMap<Value, Value> = round.arg(a::PENDING).iter().map(|r| (r[0], r[1])).collect();
+        let mut charged: BTreeMap<(Value, Value), i64> = BTreeMap::new();
         for (i, n) in &assigned {
-            if *i == instance {
-                taken_by = Some(*n);
+            let s = service_of.get(i).copied();
+            for r in round.arg(a::NEED).iter().filter(|r| Some(r[0]) == s) {
+                *charged.entry((*n, r[1])).or_default() += int(&r[2]);
             }
-            let (c, m) = requests.get(i).copied().unwrap_or((0, 0));
-            let e = charged.entry(*n).or_default();
-            *e = (e.0 + c, e.1 + m);
         }
+        // Domain counts of a hard spread, as the round left them.
+        let domain_of = |n: &Value| -> Option<Value> {
+            let (key, _) = hard?;
+            round.arg(a::TOPOLOGY).iter().find(|r| r[0] == *n && r[1] == key).map(|r| r[2])
+        };
+        let mut domain_count: BTreeMap<String, i64> = BTreeMap::new();
+        if hard.is_some() {
+            for r in round.arg(a::OFFER) {
+                if let Some(d) = domain_of(&r[0]) {
+                    domain_count.entry(d.to_string()).or_default();
+                }
+            }
+            for r in round.arg(a::SPREAD).iter().filter(|r| r[0] == service) {
+                if let Some(d) = domain_of(&r[1]) {
+                    *domain_count.entry(d.to_string()).or_default() += int(&r[2]);
+                }
+            }
+            for (i, n) in &assigned {
+                if service_of.get(i) == Some(&service) {
+                    if let Some(d) = domain_of(n) {
+                        *domain_count.entry(d.to_string()).or_default() += 1;
+                    }
+                }
+            }
+        }
+        let min_count = domain_count.values().min().copied().unwrap_or(0);
         // Why a fact about one node does not hold, as reasons in which the
         // node's own name becomes the column's, so nodes with the same reason group.
-        let reasons_for = |what: &str, rel: RelId, pattern: &[Option<Value>], n: &Value| -> Result<Vec<String>, String> {
+        let reasons_for = |what: &str, r: RelId, pattern: &[Option<Value>], n: &Value| -> Result<Vec<String>, String> {
             self.lean.set(true);
-            let why = self.why_not(rel, pattern, depth + 1);
+            let why = self.why_not(r, pattern, depth + 1);
             self.lean.set(false);
             let why = why?;
             let (quoted, raw) = (value_text(n), n.to_string());
@@ -416,30 +472,51 @@ impl WhyNotCx<'_, '_> {
             Ok(reasons)
         };
         let mut by_reason: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        // Whether some usable node could ever hold the instance (its totals).
+        let mut big_enough = false;
         for n in &nodes {
             let name = n.to_string();
             let mut reasons: Vec<String> = Vec::new();
-            let offered = self.db.lookup(offer, &[0], &[*n])?;
-            if is_restricted && self.db.lookup(allowed, &[0, 1], &[service, *n])?.is_empty() {
-                reasons = reasons_for("not allowed", allowed, &[Some(service), Some(*n)], n)?;
-            } else if offered.is_empty() {
-                reasons = reasons_for("offers nothing", offer, &[Some(*n), None, None, None], n)?;
+            let offered = round.arg(a::OFFER).iter().any(|r| r[0] == *n);
+            let reserved = round.arg(a::RESERVED).iter().any(|r| r[0] == *n);
+            if is_restricted && !round.arg(a::ALLOWED).iter().any(|r| r[0] == service && r[1] == *n) {
+                reasons = reasons_for("not allowed", rel(a::ALLOWED), &[Some(service), Some(*n)], n)?;
+            } else if reserved && !round.arg(a::ADMITTED).iter().any(|r| r[0] == service && r[1] == *n) {
+                reasons = reasons_for("reserved, not admitted", rel(a::ADMITTED), &[Some(service), Some(*n)], n)?;
+            } else if !offered {
+                let none: Vec<Option<Value>> =
+                    std::iter::once(Some(*n)).chain(std::iter::repeat(None)).take(program.relations[rel(a::OFFER)].arity()).collect();
+                reasons = reasons_for("offers nothing", rel(a::OFFER), &none, n)?;
+            } else if let (Some((key, _)), None) = (hard, domain_of(n)) {
+                reasons.push(format!("has no {key} domain (its hard spread's topology key)"));
             } else {
-                let f = &offered[0];
-                let (fc, fm) = (f[1].as_int().unwrap_or(0), f[2].as_int().unwrap_or(0));
-                if fc < cpu {
-                    reasons.push(format!("insufficient cpu (needs {cpu})"));
+                let room: BTreeMap<Value, (i64, i64)> = round.arg(a::ROOM).iter().filter(|r| r[0] == *n).map(|r| (r[1], (int(&r[2]), int(&r[3])))).collect();
+                let mut lacks = false;
+                let mut ever = true;
+                for (res, need) in &needs {
+                    let (free, total) = room.get(res).copied().unwrap_or((0, 0));
+                    if free < *need {
+                        lacks = true;
+                        reasons.push(format!("insufficient {res} (needs {need})"));
+                        out.lacking.push(Lack { node: name.clone(), resource: res.to_string(), needs: *need, free, total });
+                    }
+                    ever &= total >= *need;
                 }
-                if fm < mem {
-                    reasons.push(format!("insufficient memory (needs {mem})"));
-                }
-                if fc >= cpu && fm >= mem {
-                    let (uc, um) = charged.get(n).copied().unwrap_or((0, 0));
+                big_enough |= ever;
+                if !lacks {
+                    let left = |res: &Value| room.get(res).map_or(0, |x| x.0) - charged.get(&(*n, *res)).copied().unwrap_or(0);
+                    let skew = hard.and_then(|(_, max)| {
+                        let d = domain_of(n)?.to_string();
+                        let c = domain_count.get(&d).copied().unwrap_or(0);
+                        (c + 1 - min_count > max).then(|| format!("its domain {d} has {c} instance(s), the least filled {min_count}: over max_skew {max}"))
+                    });
                     if taken_by == Some(*n) {
                         out.fit += 1;
                         continue;
-                    } else if fc - uc < cpu || fm - um < mem {
+                    } else if needs.iter().any(|(res, need)| left(res) < *need) {
                         reasons.push("room taken by other instances assigned in the same round".into());
+                    } else if let Some(why) = skew {
+                        reasons.push(why);
                     } else if let Some(t) = taken_by {
                         reasons.push(format!("fits, but {} ranks better", t));
                     } else {
@@ -462,8 +539,17 @@ impl WhyNotCx<'_, '_> {
             })
             .collect();
         reasons.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
+        out.lacking.sort_by(|a, b| natural(&a.node, &b.node).then_with(|| a.resource.cmp(&b.resource)));
         let parts: Vec<String> = reasons.iter().map(|r| format!("{} {} ({})", r.count, r.reason, names(&r.nodes, 5))).collect();
-        out.summary = format!("{}/{} nodes can take {}: {}", out.fit, out.nodes, instance, parts.join(", "));
+        out.verdict = if out.fit == 0 && !out.lacking.is_empty() && !big_enough {
+            "fits nowhere, ever: no node it may use is big enough".into()
+        } else if out.fit == 0 && !out.lacking.is_empty() {
+            "waits for room".into()
+        } else {
+            String::new()
+        };
+        let verdict = if out.verdict.is_empty() { String::new() } else { format!(" — {}", out.verdict) };
+        out.summary = format!("{}/{} nodes can take {}{verdict}: {}", out.fit, out.nodes, instance, parts.join(", "));
         out.reasons = reasons;
         Ok(out)
     }

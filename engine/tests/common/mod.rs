@@ -82,7 +82,14 @@ pub fn random_program(rng: &mut Rng) -> String {
                 8 => format!("d{d}(min(x, y), max(x, y)) :- {p}(x, y)."),
                 9 => {
                     uses_label = true;
-                    let pred = *rng.pick(&["starts_with(s, \"n1\")", "not contains(s, \"-2\")", "len(s) > 3", "to_string(x) = \"2\""]);
+                    let pred = *rng.pick(&[
+                        "starts_with(s, \"n1\")",
+                        "not contains(s, \"-2\")",
+                        "len(s) > 3",
+                        "to_string(x) = \"2\"",
+                        "before(s, \"-\") = \"n1\"",
+                        "after(s, \"-\") != \"0\"",
+                    ]);
                     format!("d{d}(x, y) :- {p}(x, y), label(x, s), {pred}.")
                 }
                 99 => format!("d{d}(x, z) :- d{d}(x, y), {p}(y, z)."),
@@ -122,6 +129,16 @@ pub fn eval_expr(e: &Expr, b: &[Option<Value>]) -> Option<Value> {
                 ccattler_parser::ast::Func::ToString => Value::str(&s(0)),
                 ccattler_parser::ast::Func::StartsWith => truth(s(0).starts_with(s(1).as_str())),
                 ccattler_parser::ast::Func::Contains => truth(s(0).contains(s(1).as_str())),
+                ccattler_parser::ast::Func::Before | ccattler_parser::ast::Func::After => {
+                    let (text, sep) = (s(0), s(1));
+                    let part = match (text.find(sep.as_str()), *f == ccattler_parser::ast::Func::Before) {
+                        (Some(at), true) => text[..at].to_string(),
+                        (Some(at), false) => text[at + sep.len()..].to_string(),
+                        (None, true) => text.clone(),
+                        (None, false) => String::new(),
+                    };
+                    Value::str(&part)
+                }
                 ccattler_parser::ast::Func::Min | ccattler_parser::ast::Func::Max => {
                     let less = match (vals[0], vals[1]) {
                         (Value::Int(x), Value::Int(y)) => y < x,
