@@ -245,3 +245,64 @@ fn every_shipped_relation_has_a_doc_comment() {
     let missing: Vec<&str> = v.as_array().unwrap().iter().filter(|d| d["doc"].is_null()).map(|d| d["relation"].as_str().unwrap()).collect();
     assert!(missing.is_empty(), "relations without a /// doc: {missing:?}");
 }
+
+/// docs/placement.md's worked example: its rule file checks with the shipped
+/// rules, its test passes, and explain prints what the page says.
+#[test]
+fn docs_placement_example_holds() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/placement.md")).unwrap();
+    let dir = tempdir("docs-placement");
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    for e in std::fs::read_dir(root.join("rules")).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "rules") {
+            std::fs::copy(e.path(), rules.join(e.file_name())).unwrap();
+        }
+    }
+    let tests = rules.join("tests");
+    std::fs::create_dir_all(tests.join("fixtures")).unwrap();
+    for e in std::fs::read_dir(root.join("rules/tests/fixtures")).unwrap().flatten() {
+        std::fs::copy(e.path(), tests.join("fixtures").join(e.file_name())).unwrap();
+    }
+    // Fenced blocks: (info string, body).
+    let mut blocks: Vec<(String, String)> = Vec::new();
+    let mut lines = doc.lines();
+    while let Some(line) = lines.next() {
+        if let Some(info) = line.strip_prefix("```") {
+            let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
+            blocks.push((info.to_string(), body.join("\n") + "\n"));
+        }
+    }
+    let attr = |info: &str, key: &str| info.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}="))).map(str::to_string);
+    let mut ran = 0;
+    for (i, (info, body)) in blocks.iter().enumerate() {
+        let Some(file) = attr(info, "file") else { continue };
+        if info.starts_with("rules") {
+            std::fs::write(rules.join(&file), body).unwrap();
+            let out = ccattler(&["check", rules.to_str().unwrap()]);
+            assert!(out.status.success(), "{file} does not check:\n{}", text(&out.stderr));
+        } else if info.starts_with("test") {
+            std::fs::write(tests.join(&file), body).unwrap();
+            let out = ccattler(&["test", tests.join(&file).to_str().unwrap(), "--rules", rules.to_str().unwrap()]);
+            assert!(out.status.success(), "{file} fails:\n{}{}", text(&out.stdout), text(&out.stderr));
+        } else if info.starts_with("explain") {
+            let facts = rules.join(&file);
+            std::fs::write(&facts, body).unwrap();
+            let question = attr(info, "question").expect("an explain block names its question");
+            // From the directory above, so rule locations read `rules/…` as users see them.
+            let out = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+                .args(["explain", &question, "--why-not", "--facts", facts.to_str().unwrap(), "--rules", "rules"])
+                .current_dir(&dir)
+                .output()
+                .unwrap();
+            let printed = text(&out.stdout);
+            let expected = blocks[i + 1].1.trim();
+            assert!(printed.contains(expected), "explain prints otherwise than docs/placement.md says:\n{printed}\nexpected:\n{expected}");
+        } else {
+            continue;
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, 3, "the rule file, its test and the explanation");
+}

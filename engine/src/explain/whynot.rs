@@ -149,7 +149,7 @@ pub struct Reason {
 }
 
 pub fn why_not(db: &Db, rel: RelId, pattern: &[Option<Value>], opts: Options) -> Result<WhyNot, String> {
-    let prover = std::cell::RefCell::new(Prover::new(db, Options { depth: 1 }));
+    let prover = std::cell::RefCell::new(Prover::new(db, Options { depth: 2 }));
     WhyNotCx { db, plans: crate::plan::plan(db.program), opts, prover, memo: Default::default(), lean: Default::default() }.why_not(rel, pattern, 0)
 }
 
@@ -630,14 +630,19 @@ fn leaf_reasons(w: &WhyNot, chain: &mut Vec<String>, out: &mut Vec<String>) {
     }
 }
 
-/// `: a, not b` — the first level of a proof, for a one-line reason.
+/// ` (a by file:line, no b)` — the first level of a proof, for a one-line
+/// reason: each derived premise names the rule that gave it (an
+/// exclusion's reason and where it comes from, in whatever file).
 fn proof_premises(p: &Node) -> String {
     match &p.how {
         super::How::Rule { premises, .. } => {
             let parts: Vec<String> = premises
                 .iter()
                 .filter_map(|pr| match pr {
-                    super::Premise::Fact { proof, .. } => Some(proof.fact().to_string()),
+                    super::Premise::Fact { proof, .. } => Some(match &proof.how {
+                        super::How::Rule { rule, .. } | super::How::Aggregate { rule, .. } => format!("{} by {}", proof.fact(), rule.location),
+                        _ => proof.fact().to_string(),
+                    }),
                     super::Premise::Absent { fact, .. } => Some(format!("no {fact}")),
                     super::Premise::Condition { .. } => None,
                 })
