@@ -101,5 +101,9 @@ fn an_instance_that_fits_nowhere_has_every_nodes_reason() {
     // web is restricted to zone a: node-2 is not allowed, node-1 lacks room.
     let e = explain::explain(&db, "placement/instance/web-0", Some("node-2"), true, explain::Options::default()).unwrap();
     let text = explain::render::text(&e);
-    assert!(text.contains("not allowed: is_excluded(\"web\", node) holds (excluded(\"web\", node, \"lacks label zone=a\"))"), "{text}");
+    let want = format!(
+        "not allowed: is_excluded(\"web\", node) holds (excluded(\"web\", node, \"lacks label zone=a\") by {}/../rules/placement.rules:142)",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    assert!(text.contains(&want), "{text}");
 }
