@@ -67,7 +67,14 @@ fn main() {
     let program = Arc::new(checked.program.expect("a checked program"));
 
     if std::env::args().any(|a| a == "--pending") {
-        return placement(&p, program, workers);
+        // Side by side in one run: the plain cluster, then the same with 10 %
+        // of services spread by zone (max_skew 1) and 10 % of nodes tainted
+        // (unless --spread-pct/--taint-pct say otherwise).
+        let plain = placement(&Params { spread_pct: 0, taint_pct: 0, ..p }, program.clone(), workers);
+        let c = p.constrained(synth::arg("--spread-pct").unwrap_or(10), synth::arg("--taint-pct").unwrap_or(10));
+        let constrained = placement(&c, program, workers);
+        println!("constrained / plain placement throughput: {:.2}", constrained / plain);
+        return;
     }
     let t = Instant::now();
     let facts = synth::cluster(&p);
@@ -172,8 +179,9 @@ fn main() {
 
 /// Offline placement throughput: every instance pending at once, run to a
 /// complete placement; then one node dies and its instances are re-placed.
-/// Validates that no node is over its cpu or memory.
-fn placement(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize) {
+/// Validates that no node is over its cpu or memory, no hard spread over its
+/// skew and no instance on a taint it does not tolerate. Returns placements/s.
+fn placement(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize) -> f64 {
     let facts = synth::unplaced(p);
     let writes: Vec<Write> = facts.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
     println!("placement: {p:?}, {} facts, every instance pending", writes.len());
@@ -182,11 +190,11 @@ fn placement(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize)
     session.write(&writes).expect("place");
     let took = t.elapsed();
     let placed = validate(&session, p);
+    let rate = placed as f64 / took.as_secs_f64();
     println!(
-        "placed {placed} of {} instances in {:.2} s = {:.0} placements/s ({} write-back rounds)",
+        "placed {placed} of {} instances in {:.2} s = {rate:.0} placements/s ({} write-back rounds)",
         p.instances,
         took.as_secs_f64(),
-        placed as f64 / took.as_secs_f64(),
         session.last_rounds
     );
     // One node dies: its instances go elsewhere.
@@ -198,6 +206,7 @@ fn placement(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize)
     let took = t.elapsed();
     let placed = validate(&session, p);
     println!("node with {on_victim} instances died: re-placed in {:.2} s; {placed} placed; no node over capacity", took.as_secs_f64());
+    rate
 }
 
 /// Counts placements and checks every node's cpu and memory against what is placed on it.
@@ -219,5 +228,22 @@ fn validate(session: &Session, p: &Params) -> usize {
         assert!(*c <= synth::NODE_CPU && *m <= synth::NODE_MEMORY, "{node} overcommitted: {c} m, {m} MiB");
     }
     assert!(placed <= p.instances);
+    // Taints: an instance on a tainted node belongs to a tolerating service;
+    // a hard spread's zones are within one of each other (every zone has
+    // ready, untainted nodes here, so every zone is eligible).
+    let mut per_zone: std::collections::HashMap<usize, Vec<i64>> = std::collections::HashMap::new();
+    for (k, node) in derived.range("placement/instance/".to_string()..).take_while(|(k, _)| k.starts_with("placement/instance/")) {
+        let inst = &k["placement/instance/".len()..];
+        let s: usize = inst[4..inst.rfind('-').unwrap()].parse().unwrap();
+        let n: usize = node["node-".len()..].parse().unwrap();
+        assert!(!p.is_tainted(n) || p.tolerates(s), "{inst} on tainted {node}");
+        if p.is_spread(s) {
+            per_zone.entry(s).or_insert_with(|| vec![0; p.zones])[n % p.zones] += 1;
+        }
+    }
+    for (s, zones) in per_zone {
+        let (lo, hi) = (zones.iter().min().unwrap(), zones.iter().max().unwrap());
+        assert!(hi - lo <= 1, "svc-{s} over its skew: {zones:?}");
+    }
     placed
 }

@@ -10,11 +10,16 @@ pub struct Params {
     pub instances: usize,
     /// Zones nodes are spread over (label `zone`).
     pub zones: usize,
+    /// Percent of services spread by zone with max_skew 1 (`spread/by`).
+    pub spread_pct: usize,
+    /// Percent of nodes tainted `dedicated=batch` (NoSchedule), and of
+    /// services that tolerate it.
+    pub taint_pct: usize,
 }
 
 impl Default for Params {
     fn default() -> Self {
-        Params { nodes: 5_000, services: 1_000, instances: 150_000, zones: 3 }
+        Params { nodes: 5_000, services: 1_000, instances: 150_000, zones: 3, spread_pct: 0, taint_pct: 0 }
     }
 }
 
@@ -27,7 +32,25 @@ impl Params {
             services: arg("--services").unwrap_or(d.services),
             instances: arg("--instances").unwrap_or(d.instances),
             zones: d.zones,
+            spread_pct: arg("--spread-pct").unwrap_or(d.spread_pct),
+            taint_pct: arg("--taint-pct").unwrap_or(d.taint_pct),
         }
+    }
+
+    /// The same cluster with a share of services spread by zone and a share
+    /// of nodes tainted (and services tolerating them).
+    pub fn constrained(self, spread_pct: usize, taint_pct: usize) -> Params {
+        Params { spread_pct, taint_pct, ..self }
+    }
+
+    pub fn is_tainted(&self, n: usize) -> bool {
+        n % 100 < self.taint_pct
+    }
+    pub fn is_spread(&self, s: usize) -> bool {
+        s % 100 < self.spread_pct
+    }
+    pub fn tolerates(&self, s: usize) -> bool {
+        s % 100 >= 100 - self.taint_pct.min(100)
     }
 }
 
@@ -88,6 +111,9 @@ fn facts(p: &Params, placed: bool) -> Vec<(String, String)> {
     let mut f = vec![("status/clock".to_string(), SYNTH_CLOCK.to_string())];
     for n in 0..p.nodes {
         f.extend(node_facts(n, p.zones));
+        if p.is_tainted(n) {
+            f.push((format!("desired/node/{}/taint/dedicated", node_name(n)), "batch".into()));
+        }
     }
     let mut next_node = 0usize;
     for s in 0..p.services {
@@ -102,6 +128,13 @@ fn facts(p: &Params, placed: bool) -> Vec<(String, String)> {
         f.push((format!("desired/config/{name}/LOG_LEVEL"), "info".into()));
         f.push((format!("intent/user/service/{name}/instances"), count.to_string()));
         f.push((format!("intent/autoscaler/service/{name}/instances"), (count / 2).to_string()));
+        if p.is_spread(s) {
+            f.push((d("spread/by"), "zone".into()));
+            f.push((d("spread/max_skew"), "1".into()));
+        }
+        if p.tolerates(s) {
+            f.push((d("toleration/dedicated"), "batch".into()));
+        }
         for i in 0..count {
             if !placed {
                 break;
