@@ -159,6 +159,9 @@ enum Command {
         /// A node label, `KEY=VALUE` (repeatable).
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// Capacity of another resource, `NAME=AMOUNT` (repeatable), e.g. `gpu=2`.
+        #[arg(long = "resource", value_parser = parse_resource)]
+        resources: Vec<(String, i64)>,
         /// Lease TTL in seconds: the node is unreachable this long after the agent dies.
         #[arg(long, default_value_t = 30)]
         ttl: i64,
@@ -402,7 +405,7 @@ pub fn main() -> ExitCode {
             };
             controller(cfg)
         }
-        Command::Agent { etcd, node, cpu, memory, address, labels, ttl, state_dir, grace, resync, log_format } => {
+        Command::Agent { etcd, node, cpu, memory, address, labels, resources, ttl, state_dir, grace, resync, log_format } => {
             init_logging(log_format);
             let cfg = ccattler_agent::AgentConfig {
                 etcd: match etcd.config() {
@@ -414,6 +417,7 @@ pub fn main() -> ExitCode {
                 memory,
                 address,
                 labels: labels.into_iter().collect(),
+                resources: resources.into_iter().collect(),
                 ttl,
                 state_dir,
                 grace: std::time::Duration::from_secs(grace),
@@ -747,6 +751,12 @@ fn controller(cfg: ccattler_bridge::controller::ControllerConfig) -> anyhow::Res
         }
         Err(e) => Err(e.into()),
     }
+}
+
+fn parse_resource(s: &str) -> Result<(String, i64), String> {
+    let (k, v) = s.split_once('=').filter(|(k, _)| !k.is_empty()).ok_or_else(|| format!("{s:?} is not NAME=AMOUNT"))?;
+    let amount = v.parse::<i64>().map_err(|_| format!("{s:?}: {v:?} is not a whole number"))?;
+    Ok((k.to_string(), amount))
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {

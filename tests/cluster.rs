@@ -167,7 +167,10 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
     let mut etcd = fresh_etcd().await;
     let root = scratch("spec");
     let _c = Controller::start("spec", &shipped_rules());
-    let _agents: Vec<Agent> = [(1, "zone=a"), (2, "zone=a"), (3, "zone=b")].iter().map(|(n, l)| Agent::start(&root, *n, 4000, 8192, &[l])).collect();
+    let _agents: Vec<Agent> = [(1, &["zone=a"][..]), (2, &["zone=a", "--resource=gpu=1"][..]), (3, &["zone=b"][..])]
+        .iter()
+        .map(|(n, l)| Agent::start(&root, *n, 4000, 8192, l))
+        .collect();
     put_facts(
         &mut etcd,
         &[
@@ -184,6 +187,10 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
             ("desired/service/gated/image", "builtin:http"),
             ("desired/probe/gated/readiness/method", "http:/missing"),
             ("intent/user/service/gated/instances", "1"),
+            // One gpu in the cluster (node-2's `--resource gpu=1`): one trainer runs.
+            ("desired/service/train/image", "builtin:http"),
+            ("desired/service/train/resource/gpu", "1"),
+            ("intent/user/service/train/instances", "2"),
         ],
     )
     .await;
@@ -229,6 +236,15 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
     })
     .await;
     assert_eq!(processes_of("gated"), before);
+    assert_eq!(get(&mut etcd, "observed/node/node-2/resource/gpu").await.as_deref(), Some("1"));
+    wait_for("train-0 runs", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "effective/instance/train-0/state").await.as_deref() == Some("running") }
+    })
+    .await;
+    assert_eq!(get(&mut etcd, "placement/instance/train-0").await.as_deref(), Some("node-2"), "the node with the gpu");
+    assert_eq!(get(&mut etcd, "placement/instance/train-1").await, None, "one gpu, one trainer");
+    assert_eq!(processes_of("train").len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

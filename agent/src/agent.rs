@@ -35,6 +35,8 @@ pub struct AgentConfig {
     pub memory: i64,
     pub address: String,
     pub labels: BTreeMap<String, String>,
+    /// Capacity of resources other than cpu and memory (`gpu = 2`).
+    pub resources: BTreeMap<String, i64>,
     /// Lease TTL in seconds.
     pub ttl: i64,
     pub state_dir: PathBuf,
@@ -57,7 +59,9 @@ pub enum AgentError {
     #[error("--ttl must be at least 2 seconds, not {0}")]
     Ttl(i64),
     #[error("--{0} must be a positive amount, not {1}")]
-    Capacity(&'static str, i64),
+    Capacity(String, i64),
+    #[error("--resource {0:?}: the name must be a name other than cpu and memory (they have flags of their own)")]
+    Resource(String),
     #[error("the node key: {0}")]
     Key(#[from] SealError),
 }
@@ -259,7 +263,15 @@ impl AgentConfig {
         }
         for (what, amount) in [("cpu", self.cpu), ("memory", self.memory)] {
             if amount <= 0 {
-                return Err(AgentError::Capacity(what, amount));
+                return Err(AgentError::Capacity(what.to_string(), amount));
+            }
+        }
+        for (what, amount) in &self.resources {
+            if !is_name(what) || what == "cpu" || what == "memory" {
+                return Err(AgentError::Resource(what.clone()));
+            }
+            if *amount <= 0 {
+                return Err(AgentError::Capacity(what.clone(), *amount));
             }
         }
         Ok(())
@@ -729,6 +741,9 @@ impl Agent {
         put(ObservedKey::new(node, layout::PUBKEY), self.key.public(), false);
         for (k, v) in &self.cfg.labels {
             put(ObservedKey::new(node, &format!("label/{k}")), v.clone(), false);
+        }
+        for (r, amount) in &self.cfg.resources {
+            put(ObservedKey::new(node, &format!("resource/{r}")), amount.to_string(), false);
         }
         put(ObservedKey::new(node, "alive"), lease.to_string(), true);
         // Only instances placed here: one that moved away is the new node's to report.

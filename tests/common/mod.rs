@@ -326,8 +326,13 @@ impl Agent {
         args.extend(["--cpu".into(), cpu.to_string(), "--memory".into(), memory.to_string()]);
         args.extend(["--state-dir".into(), state_dir.display().to_string(), "--etcd".into(), etcd.to_string()]);
         args.extend(["--credentials".into(), creds.display().to_string(), "--as".into(), format!("agent-{node}")]);
+        // `KEY=VALUE` is a label; a `--flag=value` goes as it is (`--resource=gpu=1`).
         for l in labels {
-            args.extend(["--label".into(), l.to_string()]);
+            if l.starts_with("--") {
+                args.push(l.to_string());
+            } else {
+                args.extend(["--label".into(), l.to_string()]);
+            }
         }
         let log = root.join(format!("{node}.log"));
         let mut a = Agent { child: None, node, address, args, state_dir, log };
