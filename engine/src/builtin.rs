@@ -33,7 +33,7 @@
 //! hard-spread services) · log); pending instances × nodes is never built.
 
 use crate::value::{Row, Value};
-use ccattler_parser::program::{assign_arg as arg, ASSIGN};
+use ccattler_parser::program::{assign_arg as arg, preempt_arg as parg, BuiltinArg, ASSIGN, PREEMPT};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
@@ -134,17 +134,18 @@ impl Round {
 }
 
 impl Inputs {
-    /// Reads the reduce's input: rows tagged with their argument's position;
-    /// rows of the wrong shape are ignored (the checker rules them out).
-    pub fn from_tagged(input: &[(&Row, isize)]) -> Inputs {
-        let mut args = vec![Vec::new(); ASSIGN.len()];
+    /// Reads the reduce's input: rows tagged with their argument's position
+    /// in `signature`; rows of the wrong shape are ignored (the checker rules
+    /// them out).
+    pub fn from_tagged(signature: &[BuiltinArg], input: &[(&Row, isize)]) -> Inputs {
+        let mut args = vec![Vec::new(); signature.len()];
         for (row, mult) in input {
             if *mult <= 0 {
                 continue;
             }
             if let Some(Value::Int(tag)) = row.first() {
                 let tag = *tag as usize;
-                if tag < ASSIGN.len() && row.len() == ASSIGN[tag].columns.len() + 1 {
+                if tag < signature.len() && row.len() == signature[tag].columns.len() + 1 {
                     args[tag].push(row[1..].to_vec());
                 }
             }
@@ -417,7 +418,130 @@ pub fn assign_rows(input: &[(&Row, isize)]) -> Vec<Row> {
     if !input.iter().any(|(row, m)| *m > 0 && row.first() == Some(&Value::Int(arg::PENDING as i64))) {
         return Vec::new();
     }
-    Inputs::from_tagged(input).assign().into_iter().map(|(i, n)| vec![i, n]).collect()
+    Inputs::from_tagged(ASSIGN, input).assign().into_iter().map(|(i, n)| vec![i, n]).collect()
+}
+
+/// `preempt`'s reduce body: rows tagged by argument position.
+pub fn preempt_rows(input: &[(&Row, isize)]) -> Vec<Row> {
+    // No preemptor (the steady state): nothing to evict.
+    if !input.iter().any(|(row, m)| *m > 0 && row.first() == Some(&Value::Int(parg::PREEMPTOR as i64))) {
+        return Vec::new();
+    }
+    Inputs::from_tagged(PREEMPT, input).preempt().into_iter().map(|(v, p)| vec![v, p]).collect()
+}
+
+impl Inputs {
+    /// `preempt`: each preemptor (priority, highest first; service;
+    /// instance) that fits on no node it may use as things are gets the node
+    /// where evicting victims of lower priority makes room with the fewest
+    /// victims, then the lowest top victim priority, then the node's name;
+    /// victims go lowest priority first (then by name), never more of a
+    /// service than its budget spares. The node is charged for the
+    /// preemptor and the victims are taken. Returns (victim, preemptor)
+    /// pairs sorted by victim. Cost: O(preemptors × victims · resources).
+    pub fn preempt(&self) -> Vec<(Value, Value)> {
+        let a = |x: usize| self.arg(x);
+        // Resources by index, needs, rooms (as assign reads them).
+        let names: BTreeSet<ByText> = a(parg::NEED).iter().map(|r| ByText(r[1])).chain(a(parg::ROOM).iter().map(|r| ByText(r[1]))).collect();
+        let index: BTreeMap<ByText, usize> = names.into_iter().enumerate().map(|(i, n)| (n, i)).collect();
+        let zero = vec![0i64; index.len()];
+        let mut needs: HashMap<Value, Vec<i64>> = HashMap::new();
+        for r in a(parg::NEED) {
+            let v = needs.entry(r[0]).or_insert_with(|| zero.clone());
+            let i = index[&ByText(r[1])];
+            v[i] = v[i].max(int(&r[2]));
+        }
+        let mut free: BTreeMap<ByText, Vec<i64>> = BTreeMap::new();
+        let mut seen: HashSet<(Value, usize)> = HashSet::new();
+        for r in a(parg::ROOM) {
+            let f = free.entry(ByText(r[0])).or_insert_with(|| zero.clone());
+            let i = index[&ByText(r[1])];
+            f[i] = if seen.insert((r[0], i)) { int(&r[2]) } else { f[i].min(int(&r[2])) };
+        }
+        let has = |x: usize, row: &[Value]| a(x).iter().any(|r| r.as_slice() == row);
+        let usable =
+            |s: Value, n: Value| (!has(parg::RESTRICTED, &[s]) || has(parg::ALLOWED, &[s, n])) && (!has(parg::RESERVED, &[n]) || has(parg::ADMITTED, &[s, n]));
+        let mut spare: HashMap<Value, i64> = a(parg::BUDGET).iter().map(|r| (r[0], int(&r[1]))).collect();
+        // Victims per node, lowest priority first, then by name; with what they hold.
+        let mut victims: BTreeMap<ByText, Vec<(i64, ByText, Value)>> = BTreeMap::new();
+        for r in a(parg::VICTIM) {
+            victims.entry(ByText(r[1])).or_default().push((int(&r[3]), ByText(r[0]), r[2]));
+        }
+        for v in victims.values_mut() {
+            v.sort();
+            v.dedup();
+        }
+        let mut taken: HashSet<Value> = HashSet::new();
+        let mut order: Vec<&Row> = a(parg::PREEMPTOR).iter().collect();
+        order.sort_by(|x, y| int(&y[2]).cmp(&int(&x[2])).then_with(|| x[1].cmp_text(&y[1])).then_with(|| x[0].cmp_text(&y[0])));
+        let fits = |left: &[i64], need: &[i64]| left.iter().zip(need).all(|(l, n)| l >= n);
+        let mut out = Vec::new();
+        for p in order {
+            let (instance, service, priority) = (p[0], p[1], int(&p[2]));
+            let need = needs.get(&service).unwrap_or(&zero);
+            if let Some(left) = free.iter_mut().find(|(n, left)| usable(service, n.0) && fits(left, need)).map(|(_, l)| l) {
+                // Room without evicting anyone: the next round places it there.
+                for (l, n) in left.iter_mut().zip(need) {
+                    *l -= n;
+                }
+                continue;
+            }
+            // The best node: fewest victims, then lowest top priority, then name.
+            let mut best: Option<((usize, i64, ByText), Vec<(Value, Value)>)> = None;
+            for (node, on) in &victims {
+                let Some(left) = free.get(node) else { continue };
+                if !usable(service, node.0) {
+                    continue;
+                }
+                let mut left = left.clone();
+                let mut chosen = Vec::new();
+                let mut used_spare: HashMap<Value, i64> = HashMap::new();
+                let mut top = i64::MIN;
+                for &(vp, ByText(v), vs) in on {
+                    if fits(&left, need) || vp >= priority {
+                        break;
+                    }
+                    if taken.contains(&v) {
+                        continue;
+                    }
+                    let spent = used_spare.entry(vs).or_default();
+                    if spare.get(&vs).is_some_and(|s| *spent >= *s) {
+                        continue; // the budget spares no more of this service
+                    }
+                    *spent += 1;
+                    for (l, n) in left.iter_mut().zip(needs.get(&vs).unwrap_or(&zero)) {
+                        *l += n;
+                    }
+                    chosen.push((v, vs));
+                    top = top.max(vp);
+                }
+                if !fits(&left, need) || chosen.is_empty() {
+                    continue;
+                }
+                let key = (chosen.len(), top, *node);
+                if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                    best = Some((key, chosen));
+                }
+            }
+            let Some(((_, _, node), chosen)) = best else { continue };
+            let left = free.get_mut(&node).expect("a node with room rows");
+            for (v, vs) in &chosen {
+                taken.insert(*v);
+                if let Some(s) = spare.get_mut(vs) {
+                    *s -= 1;
+                }
+                for (l, n) in left.iter_mut().zip(needs.get(vs).unwrap_or(&zero)) {
+                    *l += n;
+                }
+                out.push((*v, instance));
+            }
+            for (l, n) in left.iter_mut().zip(need) {
+                *l -= n;
+            }
+        }
+        out.sort_by(|x, y| x.0.cmp_text(&y.0));
+        out
+    }
 }
 
 #[cfg(test)]
@@ -691,6 +815,63 @@ mod tests {
             &[("cpu", 100)],
         );
         assert_eq!(c.assign(), vec![(v("z-high-0"), v("n"))]);
+    }
+
+    /// A preemption round built argument by argument.
+    fn preempt_case() -> Inputs {
+        Inputs { args: vec![Vec::new(); PREEMPT.len()] }
+    }
+    fn push(x: &mut Inputs, a: usize, row: Vec<Value>) {
+        x.args[a].push(row);
+    }
+    fn victim(x: &mut Inputs, i: &str, n: &str, s: &str, p: i64, cpu: i64) {
+        push(x, parg::VICTIM, vec![v(i), v(n), v(s), Value::Int(p)]);
+        if !x.args[parg::NEED].iter().any(|r| r[0] == v(s)) {
+            push(x, parg::NEED, vec![v(s), v("cpu"), Value::Int(cpu)]);
+        }
+    }
+
+    #[test]
+    fn preemption_takes_the_fewest_lowest_priority_victims() {
+        let mut x = preempt_case();
+        push(&mut x, parg::PREEMPTOR, vec![v("big-0"), v("big"), Value::Int(10)]);
+        push(&mut x, parg::NEED, vec![v("big"), v("cpu"), Value::Int(600)]);
+        for n in ["n1", "n2"] {
+            push(&mut x, parg::ROOM, vec![v(n), v("cpu"), Value::Int(100), Value::Int(1000)]);
+        }
+        // n1: three small victims would be needed; n2: one large one.
+        victim(&mut x, "s-0", "n1", "s", 0, 200);
+        victim(&mut x, "s-1", "n1", "s", 0, 200);
+        victim(&mut x, "s-2", "n1", "s", 0, 200);
+        victim(&mut x, "l-0", "n2", "l", 5, 500);
+        assert_eq!(x.preempt(), vec![(v("l-0"), v("big-0"))]);
+        // A budget that spares none of l: the three small ones, lowest priority first.
+        push(&mut x, parg::BUDGET, vec![v("l"), Value::Int(0)]);
+        assert_eq!(x.preempt(), vec![(v("s-0"), v("big-0")), (v("s-1"), v("big-0")), (v("s-2"), v("big-0"))]);
+        // Room somewhere as it is: no one is evicted.
+        push(&mut x, parg::ROOM, vec![v("n3"), v("cpu"), Value::Int(600), Value::Int(1000)]);
+        assert_eq!(x.preempt(), vec![]);
+    }
+
+    #[test]
+    fn preemption_never_takes_equal_priorities_and_keeps_to_usable_nodes() {
+        let mut x = preempt_case();
+        push(&mut x, parg::PREEMPTOR, vec![v("a-0"), v("a"), Value::Int(5)]);
+        push(&mut x, parg::NEED, vec![v("a"), v("cpu"), Value::Int(500)]);
+        push(&mut x, parg::ROOM, vec![v("n1"), v("cpu"), Value::Int(0), Value::Int(1000)]);
+        push(&mut x, parg::ROOM, vec![v("n2"), v("cpu"), Value::Int(0), Value::Int(1000)]);
+        victim(&mut x, "b-0", "n1", "b", 5, 1000);
+        assert_eq!(x.preempt(), vec![], "same priority");
+        victim(&mut x, "c-0", "n2", "c", 1, 1000);
+        push(&mut x, parg::RESERVED, vec![v("n2")]);
+        assert_eq!(x.preempt(), vec![], "n2 is reserved and a is not admitted");
+        push(&mut x, parg::ADMITTED, vec![v("a"), v("n2")]);
+        assert_eq!(x.preempt(), vec![(v("c-0"), v("a-0"))]);
+        // Two preemptors: the room one frees is charged; the second needs another victim.
+        push(&mut x, parg::PREEMPTOR, vec![v("a-1"), v("a"), Value::Int(5)]);
+        assert_eq!(x.preempt(), vec![(v("c-0"), v("a-0"))], "c-0 frees 1000: both fit on n2");
+        push(&mut x, parg::PREEMPTOR, vec![v("a-2"), v("a"), Value::Int(5)]);
+        assert_eq!(x.preempt(), vec![(v("c-0"), v("a-0"))], "a third finds no other victim");
     }
 
     #[test]

@@ -196,10 +196,14 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     /// is restricted), and with nothing pending it returns at once.
     fn builtin(&mut self, b: &Builtin) -> Coll<'s, T> {
         let tagged: Vec<Coll<'s, T>> = b.reads().into_iter().enumerate().map(|(i, rel)| tag(i, self.relation(rel))).collect();
+        let body: fn(&[(&Row, isize)]) -> Vec<Row> = match b {
+            Builtin::Assign(_) => crate::builtin::assign_rows,
+            Builtin::Preempt(_) => crate::builtin::preempt_rows,
+        };
         differential_dataflow::collection::concatenate(self.unit.scope(), tagged)
             .map(|row| ((), row))
-            .reduce(|_unit, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
-                out.extend(crate::builtin::assign_rows(input).into_iter().map(|r| (r, 1)));
+            .reduce(move |_unit, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
+                out.extend(body(input).into_iter().map(|r| (r, 1)));
             })
             .map(|((), row)| row)
     }

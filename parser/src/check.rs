@@ -226,18 +226,19 @@ impl Checker {
         if self.relations[id].span != d.span {
             return; // a duplicate declaration, already reported
         }
-        if call.name.name != "assign" {
+        let Some(sig) = crate::program::BUILTINS.iter().find(|b| b.name == call.name.name) else {
+            let known: Vec<String> = crate::program::BUILTINS.iter().map(crate::program::builtin_call).collect();
             self.error(
                 Diagnostic::error("unknown-builtin", call.name.span, format!("unknown built-in `{}`", call.name.name))
-                    .with_help(format!("the built-in is `{}`", crate::program::assign_call())),
+                    .with_help(format!("the built-ins are `{}`", known.join("` and `"))),
             );
             return;
-        }
-        let signature = crate::program::ASSIGN;
+        };
+        let signature = sig.args;
         if call.args.len() != signature.len() {
             self.error(
-                Diagnostic::error("builtin-arity", call.span, format!("`assign` takes {} relations, found {}", signature.len(), call.args.len()))
-                    .with_help(format!("write `{}`", crate::program::assign_call())),
+                Diagnostic::error("builtin-arity", call.span, format!("`{}` takes {} relations, found {}", sig.name, signature.len(), call.args.len()))
+                    .with_help(format!("write `{}`", crate::program::builtin_call(sig))),
             );
             return;
         }
@@ -261,14 +262,15 @@ impl Checker {
             ids.push(rel);
         }
         let own: Vec<Type> = self.relations[id].columns.iter().map(|c| c.ty).collect();
-        if own.len() != 2 || !own.iter().all(|t| t.is_text()) {
+        if own.len() != sig.result.len() || own.iter().zip(sig.result).any(|(a, (_, b))| !a.compatible(*b)) {
+            let cols = sig.result.iter().map(|(n, t)| format!("{n}: {}", t.keyword())).collect::<Vec<_>>().join(", ");
             self.error(
-                Diagnostic::error("builtin-signature", d.name.span, format!("`{}` must have the columns (instance: name, node: name)", d.name.name))
-                    .with_help("an assignment relation pairs each assigned instance with its node"),
+                Diagnostic::error("builtin-signature", d.name.span, format!("`{}` must have the columns ({cols})", d.name.name))
+                    .with_help(format!("what `{}` computes", sig.name)),
             );
             return;
         }
-        self.relations[id].builtin = Some(Builtin::Assign(ids));
+        self.relations[id].builtin = Some((sig.make)(ids));
     }
 
     fn lookup(&mut self, name: &ast::Ident) -> Option<RelId> {

@@ -102,20 +102,96 @@ pub enum Builtin {
     /// assignment of instances to nodes (docs/language.md). Its arguments,
     /// in the order of [`ASSIGN`].
     Assign(Vec<RelId>),
+    /// `preempt(preemptor, need, room, victim, budget, …)`: which
+    /// lower-priority instances to evict so that instances no node had room
+    /// for fit (docs/language.md). Its arguments, in the order of [`PREEMPT`].
+    Preempt(Vec<RelId>),
 }
 
 impl Builtin {
     pub fn reads(&self) -> Vec<RelId> {
         match self {
-            Builtin::Assign(args) => args.clone(),
+            Builtin::Assign(args) | Builtin::Preempt(args) => args.clone(),
         }
     }
-    /// The relation given for argument `arg` (an index into [`ASSIGN`]).
+    /// The relation given for argument `arg` (an index into its signature).
     pub fn arg(&self, arg: usize) -> RelId {
         match self {
-            Builtin::Assign(args) => args[arg],
+            Builtin::Assign(args) | Builtin::Preempt(args) => args[arg],
         }
     }
+    pub fn name(&self) -> &'static str {
+        match self {
+            Builtin::Assign(_) => "assign",
+            Builtin::Preempt(_) => "preempt",
+        }
+    }
+}
+
+/// A built-in: its name, its arguments, the columns of the relation it
+/// computes, and how to make it from the argument relations.
+pub struct BuiltinSig {
+    pub name: &'static str,
+    pub args: &'static [BuiltinArg],
+    pub result: &'static [(&'static str, Type)],
+    pub make: fn(Vec<RelId>) -> Builtin,
+}
+
+/// Every built-in.
+pub const BUILTINS: &[BuiltinSig] = &[
+    BuiltinSig { name: "assign", args: ASSIGN, result: &[("instance", Type::Name), ("node", Type::Name)], make: Builtin::Assign },
+    BuiltinSig { name: "preempt", args: PREEMPT, result: &[("victim", Type::Name), ("preemptor", Type::Name)], make: Builtin::Preempt },
+];
+
+/// `name(arg, …)` as users write it.
+pub fn builtin_call(sig: &BuiltinSig) -> String {
+    format!("{}({})", sig.name, sig.args.iter().map(|a| a.role).collect::<Vec<_>>().join(", "))
+}
+
+/// The arguments of `preempt`, in order.
+pub const PREEMPT: &[BuiltinArg] = &[
+    BuiltinArg {
+        role: "preemptor",
+        columns: &[("instance", Type::Name), ("service", Type::Name), ("priority", Type::Int)],
+        doc: "instances no node had room for, that may evict lower-priority ones",
+    },
+    BuiltinArg {
+        role: "request",
+        columns: &[("service", Type::Name), ("resource", Type::Name), ("amount", Type::Int)],
+        doc: "what each instance of a service asks for, per resource (preemptors' and victims' services)",
+    },
+    BuiltinArg {
+        role: "room",
+        columns: &[("node", Type::Name), ("resource", Type::Name), ("free", Type::Int), ("total", Type::Int)],
+        doc: "what each offered node has left of each resource",
+    },
+    BuiltinArg {
+        role: "victim",
+        columns: &[("instance", Type::Name), ("node", Type::Name), ("service", Type::Name), ("priority", Type::Int)],
+        doc: "instances that may be evicted, where they run, and their priority",
+    },
+    BuiltinArg {
+        role: "budget",
+        columns: &[("service", Type::Name), ("spare", Type::Int)],
+        doc: "how many instances of a service may be evicted (unlisted: any)",
+    },
+    BuiltinArg { role: "restricted", columns: &[("service", Type::Name)], doc: "services that may use only the nodes `allowed` lists" },
+    BuiltinArg { role: "allowed", columns: &[("service", Type::Name), ("node", Type::Name)], doc: "where a restricted service may run" },
+    BuiltinArg { role: "reserved", columns: &[("node", Type::Name)], doc: "nodes only the services `admitted` lists may use" },
+    BuiltinArg { role: "admitted", columns: &[("service", Type::Name), ("node", Type::Name)], doc: "a service that may use a reserved node" },
+];
+
+/// Positions of `preempt`'s arguments in [`PREEMPT`].
+pub mod preempt_arg {
+    pub const PREEMPTOR: usize = 0;
+    pub const NEED: usize = 1;
+    pub const ROOM: usize = 2;
+    pub const VICTIM: usize = 3;
+    pub const BUDGET: usize = 4;
+    pub const RESTRICTED: usize = 5;
+    pub const ALLOWED: usize = 6;
+    pub const RESERVED: usize = 7;
+    pub const ADMITTED: usize = 8;
 }
 
 /// One argument of a built-in: its role, the columns it needs (text columns
@@ -195,7 +271,7 @@ pub mod assign_arg {
 
 /// `assign(pending, need, …)` as users write it.
 pub fn assign_call() -> String {
-    format!("assign({})", ASSIGN.iter().map(|a| a.role).collect::<Vec<_>>().join(", "))
+    builtin_call(&BUILTINS[0])
 }
 
 impl Relation {

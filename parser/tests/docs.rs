@@ -55,10 +55,11 @@ fn docs_grammar_matches_the_parser() {
     for k in AggKind::ALL {
         assert!(quoted(&aggregate).contains(&k.keyword().to_string()), "aggregate `{}` missing from the grammar", k.keyword());
     }
-    let builtin = line("builtin");
-    let arity = builtin.matches("IDENT").count();
-    let documented = ccattler_parser::program::ASSIGN.len();
-    assert_eq!(arity, documented, "assign's arity in the grammar");
+    for sig in ccattler_parser::program::BUILTINS {
+        assert_eq!(line(sig.name).matches("IDENT").count(), sig.args.len(), "{}'s arity in the grammar", sig.name);
+        assert!(line("builtin").contains(sig.name), "`builtin` lists {}", sig.name);
+    }
+    let arity = ccattler_parser::program::ASSIGN.len();
     // And the parser accepts exactly that arity.
     let call = |n: usize| {
         let args: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();

@@ -125,7 +125,7 @@ impl<'d, 'a> Prover<'d, 'a> {
         }
         let mut best: Option<usize> = None;
         if let Some(b) = &self.db.program.relations[rel].builtin {
-            let parts = self.assign_premises(row, b)?;
+            let parts = self.builtin_premises(row, b)?;
             best = self.tallest(parts)?.map(|h| h + 1);
         } else {
             for d in self.derivations(rel, row)? {
@@ -148,6 +148,29 @@ impl<'d, 'a> Prover<'d, 'a> {
     /// node being allowed; for a reserved node that reservation and the
     /// service's admission; for a hard spread that spread and the node's
     /// domain; and a packing policy.
+    fn builtin_premises(&self, row: &[Value], b: &Builtin) -> Result<Vec<Fact>, String> {
+        match b {
+            Builtin::Assign(_) => self.assign_premises(row, b),
+            Builtin::Preempt(_) => self.preempt_premises(row, b),
+        }
+    }
+
+    /// The facts behind an eviction: the preemptor's fact, the victim's, and
+    /// the victim service's budget (if it has one).
+    fn preempt_premises(&self, row: &[Value], b: &Builtin) -> Result<Vec<Fact>, String> {
+        use ccattler_parser::program::preempt_arg as a;
+        let rel = |x: usize| b.arg(x);
+        let (victim, preemptor) = (row[0], row[1]);
+        let mut out = Vec::new();
+        out.extend(self.db.lookup(rel(a::PREEMPTOR), &[0], &[preemptor])?.into_iter().take(1).map(|r| (rel(a::PREEMPTOR), r)));
+        let v = self.db.lookup(rel(a::VICTIM), &[0], &[victim])?;
+        if let Some(v) = v.first() {
+            out.push((rel(a::VICTIM), v.clone()));
+            out.extend(self.db.lookup(rel(a::BUDGET), &[0], &[v[2]])?.into_iter().take(1).map(|r| (rel(a::BUDGET), r)));
+        }
+        Ok(out)
+    }
+
     fn assign_premises(&self, row: &[Value], b: &Builtin) -> Result<Vec<Fact>, String> {
         use ccattler_parser::program::assign_arg as a;
         let rel = |x: usize| b.arg(x);
@@ -203,16 +226,23 @@ impl<'d, 'a> Prover<'d, 'a> {
         }
         self.shown.insert(key);
         if let Some(b) = &program.relations[rel].builtin {
-            let parts = self.assign_premises(row, b)?;
+            let parts = self.builtin_premises(row, b)?;
             let mut premises = Vec::new();
             for (r, p) in parts {
                 premises.push(self.node(r, &p, depth + 1)?);
             }
-            let note = format!(
-                "assign gave {} the first node with room for all it needs among those its service may use, ordered by (domain count for a hard spread, spread, score, node name; most allocated first when packed), charging capacity as it went (docs/language.md)",
-                value_text(&row[0])
-            );
-            return Ok(node(How::Assigned { builtin: "assign".into(), premises, note }));
+            let note = match b {
+                Builtin::Assign(_) => format!(
+                    "assign gave {} the first node with room for all it needs among those its service may use, ordered by (domain count for a hard spread, spread, score, node name; most allocated first when packed), charging capacity as it went (docs/language.md)",
+                    value_text(&row[0])
+                ),
+                Builtin::Preempt(_) => format!(
+                    "preempt evicts {} for {}, which no node had room for: on the node where the fewest lower-priority victims make room (lowest priority first, within disruption budgets) (docs/language.md)",
+                    value_text(&row[0]),
+                    value_text(&row[1])
+                ),
+            };
+            return Ok(node(How::Assigned { builtin: b.name().into(), premises, note }));
         }
         let derivations = self.derivations(rel, row)?;
         if derivations.is_empty() {

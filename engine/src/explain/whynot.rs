@@ -190,8 +190,12 @@ impl WhyNotCx<'_, '_> {
             }
             return Ok(out);
         }
-        if let Some(b) = &r.builtin {
+        if let Some(b @ Builtin::Assign(_)) = &r.builtin {
             out.assign = Some(self.assign(pattern, b, depth)?);
+            return Ok(out);
+        }
+        if r.builtin.is_some() {
+            // `preempt` evicts nothing: its summary is the preemptor's why-not.
             return Ok(out);
         }
         for plan in self.plans.iter().filter(|p| p.head == rel) {
