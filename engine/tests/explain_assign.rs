@@ -88,6 +88,14 @@ fn an_instance_that_fits_nowhere_has_every_nodes_reason() {
     assert!(text.contains("0/3 nodes can take big-0 — fits nowhere, ever: no node it may use is big enough"), "{text}");
     assert!(text.contains("3 × insufficient cpu (needs 8000): node-1, node-2, node-3"), "{text}");
     assert!(text.contains("node-2: cpu 4000 free of 4000 (needs 8000)"), "free and total per node: {text}");
+    // An instance that does not exist: one line and the one meant, not every other instance.
+    let e = explain::explain(&db, "placement/instance/wbe-0", None, true, explain::Options::default()).unwrap();
+    let text = explain::render::text(&e);
+    assert!(
+        text.contains("no such fact: the rule gives 2 other fact(s), none instance(\"wbe-0\", _, _); did you mean instance(\"web-0\", \"web\", 0)?"),
+        "{text}"
+    );
+    assert!(!text.contains("big-0"), "no list of every other instance: {text}");
     // Room that is only taken waits for room, and says so.
     let mut f = facts();
     f.push(("desired/service/mid/cpu".into(), "3000".into()));

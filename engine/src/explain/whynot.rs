@@ -265,15 +265,28 @@ impl WhyNotCx<'_, '_> {
             frontier = next;
         }
         // Complete matches: the head gives another value, or the aggregate another result.
-        for b in frontier.iter().take(SHOWN) {
-            if !matcher::head_agrees(plan, b, &group_pattern) {
-                let got = plan.head_row(&dense(b)).map(|r| row_text(program, plan.head, &r)).unwrap_or_default();
-                failures.push(Failure {
-                    bindings: self.bindings(plan.rule, b),
-                    matched: plan.steps.len(),
-                    failed: vec![FailedLiteral::new(head_text(program, plan), got, "the head gives another fact".into())],
-                });
-            }
+        let others: Vec<&Binding> = frontier.iter().filter(|b| !matcher::head_agrees(plan, b, &group_pattern)).collect();
+        if !others.is_empty() && failures.is_empty() && !frontier.iter().any(|b| matcher::head_agrees(plan, b, &group_pattern)) {
+            // Every match gives another fact (an id that does not exist, a
+            // typo): one line, with the nearest it does give, not every one.
+            let gives: Vec<crate::value::Row> = others.iter().filter_map(|b| plan.head_row(&dense(b))).collect();
+            let asked = fact_text(program, plan.head, pattern);
+            let nearest = nearest_row(&gives, pattern).map(|r| format!("; did you mean {}?", row_text(program, plan.head, &r))).unwrap_or_default();
+            return Ok(RuleWhyNot {
+                rule,
+                head_mismatch: Some(format!("no such fact: the rule gives {} other fact(s), none {asked}{nearest}", gives.len() + more)),
+                literals: plan.steps.len(),
+                failures: vec![],
+                more_failures: 0,
+            });
+        }
+        for b in others.iter().take(SHOWN) {
+            let got = plan.head_row(&dense(b)).map(|r| row_text(program, plan.head, &r)).unwrap_or_default();
+            failures.push(Failure {
+                bindings: self.bindings(plan.rule, b),
+                matched: plan.steps.len(),
+                failed: vec![FailedLiteral::new(head_text(program, plan), got, "the head gives another fact".into())],
+            });
         }
         if plan.has_aggregate() && frontier.iter().any(|b| matcher::head_agrees(plan, b, &group_pattern)) {
             // The group exists; its aggregate is something else.
@@ -559,6 +572,20 @@ impl WhyNotCx<'_, '_> {
     }
 }
 
+/// The row nearest to `pattern` by the text of its fixed columns (at most a
+/// few edits away), if any.
+fn nearest_row(rows: &[crate::value::Row], pattern: &[Option<Value>]) -> Option<crate::value::Row> {
+    let text = |v: &Value| v.to_string();
+    rows.iter()
+        .filter_map(|r| {
+            let d: usize = pattern.iter().zip(r).filter_map(|(p, v)| p.map(|p| ccattler_parser::check::edit_distance(&text(&p), &text(v)))).sum();
+            let len: usize = pattern.iter().flatten().map(|p| text(p).len()).sum();
+            (d <= 2.max(len / 3)).then(|| (d, r.clone()))
+        })
+        .min_by(|a, b| a.0.cmp(&b.0).then_with(|| crate::value::cmp_rows(&a.1, &b.1)))
+        .map(|(_, r)| r)
+}
+
 /// Orders names as people do: node-2 before node-10.
 pub fn natural(a: &str, b: &str) -> std::cmp::Ordering {
     fn parts(s: &str) -> Vec<(String, u64)> {
@@ -613,6 +640,11 @@ fn leaf_reasons(w: &WhyNot, chain: &mut Vec<String>, out: &mut Vec<String>) {
         return;
     }
     for r in &w.rules {
+        if let Some(m) = r.head_mismatch.as_ref().filter(|m| m.starts_with("no such fact")) {
+            let mut c = chain.clone();
+            c.push(m.clone());
+            out.push(c.join(" ← "));
+        }
         for f in &r.failures {
             for l in &f.failed {
                 chain.push(l.instance.clone());
