@@ -130,6 +130,15 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
     },
+    /// Take a node out of service and back: cordon (nothing new goes there),
+    /// drain (its instances move elsewhere within disruption budgets),
+    /// uncordon (back in service). Thin commands over `desired/node/N/…`.
+    Node {
+        #[command(subcommand)]
+        action: NodeAction,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
     /// etcd users and roles (DESIGN §6): bootstrap, add-node, remove-node, rotate.
     Auth {
         #[command(subcommand)]
@@ -309,6 +318,23 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum NodeAction {
+    /// `desired/node/N/cordon = true`: no new instance is placed on N; what runs there stays.
+    Cordon { node: String },
+    /// Removes N's cordon and drain: it takes instances again.
+    Uncordon { node: String },
+    /// `desired/node/N/drain = true`: N's instances move elsewhere, a
+    /// disruption budget's worth at a time (`effective/node/N/state`:
+    /// draining, then drained; `status/drain/N/S` says what holds it back).
+    Drain {
+        node: String,
+        /// Wait until the node is drained, printing what holds it back, for at most this many seconds.
+        #[arg(long)]
+        wait: Option<u64>,
+    },
+}
+
+#[derive(Subcommand)]
 enum AuthAction {
     /// Against an etcd without auth: users root, controller, user and
     /// autoscaler with their roles; their passwords appended to --credentials
@@ -430,6 +456,7 @@ pub fn main() -> ExitCode {
             let signals = ccattler_agent::supervise::Signals { alive, deadline };
             std::process::exit(ccattler_agent::supervise::run(&signals, std::time::Duration::from_secs(grace), &command[0], &command[1..]));
         }
+        Command::Node { action, etcd } => node(action, &etcd),
         Command::Auth { action } => auth(action),
         Command::Secret { action } => secret(action),
         Command::Plan { etcd, rules } => plan(&etcd, &rules),
@@ -918,6 +945,60 @@ fn apply(file: &std::path::Path, writer: &str, rules: &std::path::Path, etcd: &E
     };
     println!("applied {} fact(s) from {} at revision {revision}", facts.len(), file.display());
     Ok(ExitCode::SUCCESS)
+}
+
+fn node(action: NodeAction, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
+    let name = match &action {
+        NodeAction::Cordon { node } | NodeAction::Uncordon { node } | NodeAction::Drain { node, .. } => node.clone(),
+    };
+    if !ccattler_parser::pattern::is_valid_name(&name) {
+        return Ok(usage_error(anyhow::anyhow!("{name:?} is not a node name ([a-z0-9]([a-z0-9._-]*[a-z0-9])?, at most 63 characters)")));
+    }
+    let key = |k: &str| format!("desired/node/{name}/{k}");
+    let cfg = etcd.config()?;
+    runtime()?.block_on(async {
+        let mut client = ccattler_store::etcd::connect(&cfg).await?;
+        let wait = match action {
+            NodeAction::Cordon { .. } => {
+                client.put(key("cordon"), "true", None).await?;
+                println!("{name}: cordoned (nothing new is placed there; `ccattler node drain {name}` moves what runs there)");
+                None
+            }
+            NodeAction::Uncordon { .. } => {
+                let ops = vec![etcd_client::TxnOp::delete(key("cordon"), None), etcd_client::TxnOp::delete(key("drain"), None)];
+                client.txn(etcd_client::Txn::new().and_then(ops)).await?;
+                println!("{name}: uncordoned (it takes instances again)");
+                None
+            }
+            NodeAction::Drain { wait, .. } => {
+                client.put(key("drain"), "true", None).await?;
+                println!("{name}: draining (watch `ccattler get effective/node/{name}/state`; `ccattler get status/drain/{name}/` says what holds it back)");
+                wait
+            }
+        };
+        let Some(seconds) = wait else { return Ok(ExitCode::SUCCESS) };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        let mut shown = String::new();
+        loop {
+            let state = client.get(format!("effective/node/{name}/state"), None).await?;
+            let state = state.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()).unwrap_or_default();
+            if state == "drained" {
+                println!("{name}: drained");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let held = client.get(format!("status/drain/{name}/"), Some(etcd_client::GetOptions::new().with_prefix())).await?;
+            let now: String = held.kvs().iter().map(|kv| format!("  {}\n", String::from_utf8_lossy(kv.value()))).collect();
+            if now != shown {
+                print!("{now}");
+                shown = now;
+            }
+            if std::time::Instant::now() >= until {
+                eprintln!("{name}: still {state} after {seconds} s");
+                return Ok(ExitCode::from(1));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    })
 }
 
 fn get(prefix: &str, etcd: &EtcdArgs, format: Format) -> anyhow::Result<ExitCode> {

@@ -400,3 +400,71 @@ async fn an_agent_killed_9_fences_its_instances_so_none_ever_runs_twice() {
     assert!(gone <= moved, "the orphan outlived its replacement's start");
     assert!(gone <= Duration::from_secs(TTL + 1), "fenced only after {gone:?} (lease TTL {TTL} s)");
 }
+
+/// `ccattler node drain`: with three real agents and a service of six behind
+/// a readiness probe, a sampler reading the endpoints every 100 ms never sees
+/// fewer than five (the default budget: all but one) while node-1 drains,
+/// and the drain completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_moves_a_nodes_instances_without_going_below_the_budget() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("drain");
+    let _c = Controller::start("drain", &shipped_rules());
+    let _agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
+    put_facts(
+        &mut etcd,
+        &[
+            ("desired/service/web/image", "builtin:http"),
+            ("desired/service/web/cpu", "100"),
+            ("desired/probe/web/readiness/method", "tcp"),
+            ("intent/user/service/web/instances", "6"),
+        ],
+    )
+    .await;
+    wait_for("six endpoints", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "web").await.len() == 6 }
+    })
+    .await;
+    let on_node_1 = keys(&mut etcd, "placement/node/node-1/").await.len();
+    assert!(on_node_1 >= 2, "spread puts two on each node: {on_node_1}");
+    // The sampler: the fewest endpoints seen while draining.
+    let fewest = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (fewest, stop, mut e) = (fewest.clone(), stop.clone(), etcd.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let n = endpoints(&mut e, "web").await.len();
+                fewest.fetch_min(n, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let out = tokio::task::spawn_blocking(|| ccattler_as("user", &["node", "drain", "node-1", "--wait", "60"])).await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    sampler.await.unwrap();
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("node-1: drained"));
+    assert!(keys(&mut etcd, "placement/node/node-1/").await.is_empty());
+    let fewest = fewest.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(fewest >= 5, "endpoints fell to {fewest} during the drain");
+    wait_for("six endpoints again, elsewhere", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "web").await.len() == 6 }
+    })
+    .await;
+    // Uncordon: node-1 takes instances again.
+    let out = ccattler_as("user", &["node", "uncordon", "node-1"]);
+    assert!(out.status.success());
+    etcd.put("intent/user/service/web/instances", "9", None).await.unwrap();
+    wait_for("node-1 takes new instances", T, || {
+        let mut e = etcd.clone();
+        async move { !keys(&mut e, "placement/node/node-1/").await.is_empty() }
+    })
+    .await;
+    // A name that is not one is refused before anything is written.
+    let out = ccattler_as("user", &["node", "cordon", "node-1/../x"]);
+    assert_eq!(out.status.code(), Some(2));
+}
