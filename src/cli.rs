@@ -235,6 +235,14 @@ enum Command {
         etcd: EtcdArgs,
         #[arg(long, default_value = "rules")]
         rules: PathBuf,
+        /// What if: apply these changes (`KEY = VALUE` puts, `- KEY`
+        /// deletes) to the live state (or to --facts) and print how the
+        /// derived keys would change, to a fixed point; nothing is written.
+        #[arg(long)]
+        with: Option<PathBuf>,
+        /// With --with: start from a facts file instead of live etcd.
+        #[arg(long, requires = "with")]
+        facts: Option<PathBuf>,
     },
     /// Parse and check rule files (default `rules/`); exit 1 with diagnostics.
     Check {
@@ -459,7 +467,8 @@ pub fn main() -> ExitCode {
         Command::Node { action, etcd } => node(action, &etcd),
         Command::Auth { action } => auth(action),
         Command::Secret { action } => secret(action),
-        Command::Plan { etcd, rules } => plan(&etcd, &rules),
+        Command::Plan { etcd, rules, with: Some(with), facts } => what_if(&etcd, &rules, &with, facts.as_deref()),
+        Command::Plan { etcd, rules, with: None, .. } => plan(&etcd, &rules),
         Command::Apply { file, writer, rules, etcd } => apply(&file, &writer, &rules, &etcd),
         Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
         Command::Explain { key, why_not, facts, controller, revision, etcd, rules, depth, format } => match controller {
@@ -839,6 +848,80 @@ fn plan(etcd: &EtcdArgs, rules: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `plan --with FILE`: the derived keys at the fixed point of the current
+/// state, against those at the fixed point with FILE's changes applied.
+fn what_if(etcd: &EtcdArgs, rules: &std::path::Path, with: &std::path::Path, facts: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let changes = read_changes(with)?;
+    // Hypothetical values the controller would reject are named first.
+    let mut rejected = 0;
+    for (line, key, value) in &changes {
+        if let (Some(v), Some(ccattler_engine::facts::Lint::Rejected(why))) =
+            (value, value.as_ref().and_then(|v| ccattler_engine::facts::lint(&program, key, v)))
+        {
+            eprintln!("warning: {}:{line}: {key} = {v:?} would be rejected: {why}", with.display());
+            rejected += 1;
+        }
+    }
+    let (mut session, source) = match facts {
+        Some(path) => (session_from_facts(program.clone(), path, ccattler_engine::default_workers())?.0, format!("facts file {}", path.display())),
+        None => {
+            let cfg = etcd.config()?;
+            let (mut s, rev, _) = runtime()?.block_on(ccattler_bridge::explain::snapshot_session(&cfg, program.clone(), None))?;
+            s.write(&[])?; // to the fixed point the controller would reach
+            (s, format!("etcd revision {rev}"))
+        }
+    };
+    let before = session.derived().clone();
+    let writes: Vec<(String, Option<String>)> = changes.iter().map(|(_, k, v)| (k.clone(), v.clone())).collect();
+    session.write(&writes)?;
+    let after = session.derived();
+    let mut diff = Vec::new();
+    for (k, v) in after {
+        match before.get(k) {
+            None => diff.push(format!("+ {k} = {}", ccattler_engine::factfile::format_value(v))),
+            Some(old) if old != v => {
+                diff.push(format!("~ {k} = {} (was {})", ccattler_engine::factfile::format_value(v), ccattler_engine::factfile::format_value(old)))
+            }
+            Some(_) => {}
+        }
+    }
+    for k in before.keys().filter(|k| !after.contains_key(*k)) {
+        diff.push(format!("- {k}"));
+    }
+    diff.sort_by(|a, b| a[2..].cmp(&b[2..]));
+    println!("# what if {} ({} change(s), {rejected} rejected) against {source}: {} derived key(s) change", with.display(), changes.len(), diff.len());
+    for d in &diff {
+        println!("{d}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A changes file: `KEY = VALUE` puts (facts-file rules) and `- KEY`
+/// deletes, `#` comments; each with its line.
+fn read_changes(path: &std::path::Path) -> anyhow::Result<Vec<(usize, String, Option<String>)>> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    let mut puts = String::new();
+    for (i, raw) in text.lines().enumerate() {
+        match raw.trim().strip_prefix("- ") {
+            Some(key) if !key.contains(" = ") => {
+                out.push((i + 1, key.trim().to_string(), None));
+                puts.push('\n');
+            }
+            _ => {
+                puts.push_str(raw);
+                puts.push('\n');
+            }
+        }
+    }
+    for f in ccattler_engine::factfile::parse(&path.display().to_string(), &puts)? {
+        out.push((f.line, f.key, Some(f.value)));
+    }
+    out.sort_by_key(|c| c.0);
+    Ok(out)
 }
 
 /// Prefixes a writer may write with `apply` (DESIGN §6): the user writes

@@ -306,3 +306,31 @@ fn docs_placement_example_holds() {
     }
     assert_eq!(ran, 3, "the rule file, its test and the explanation");
 }
+
+/// `plan --with`: what would change if a node were drained and an image
+/// changed, from a facts file; nothing is written, a bad value is named.
+#[test]
+fn plan_with_shows_what_a_change_would_do() {
+    let dir = tempdir("plan-with");
+    let base = dir.join("base.facts");
+    std::fs::write(
+        &base,
+        "observed/node/node-1/cpu = 1000\nobserved/node/node-1/memory = 1000\nobserved/node/node-1/alive = 1\nobserved/node/node-1/heartbeat = 1\n\
+         observed/node/node-2/cpu = 1000\nobserved/node/node-2/memory = 1000\nobserved/node/node-2/alive = 2\nobserved/node/node-2/heartbeat = 1\n\
+         desired/service/web/image = nginx:1\nintent/user/service/web/instances = 2\n",
+    )
+    .unwrap();
+    let with = dir.join("with.facts");
+    std::fs::write(&with, "# drain node-1, web gets v2, a typo'd count\ndesired/node/node-1/cordon = true\ndesired/service/web/image = nginx:2\n- intent/user/service/web/instances\nintent/user/service/api/instances = many\n").unwrap();
+    let before = std::fs::read_to_string(&base).unwrap();
+    let out = ccattler(&["plan", "--with", with.to_str().unwrap(), "--facts", base.to_str().unwrap()]);
+    let printed = text(&out.stdout);
+    assert!(out.status.success(), "{printed}{}", text(&out.stderr));
+    for want in
+        ["(4 change(s), 1 rejected)", "~ effective/node/node-1/state = cordoned (was ready)", "- effective/service/web/instances", "- placement/instance/web-0"]
+    {
+        assert!(printed.contains(want), "{want}:\n{printed}");
+    }
+    assert!(text(&out.stderr).contains("with.facts:5: intent/user/service/api/instances = \"many\" would be rejected"), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&base).unwrap(), before, "nothing written");
+}
