@@ -130,6 +130,15 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
     },
+    /// A service's rolling update: its generation, how many instances run
+    /// its template and how many of those are ready, and its state
+    /// (progressing, complete, paused, stalled with the reason).
+    Rollout {
+        #[command(subcommand)]
+        action: RolloutAction,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
     /// Take a node out of service and back: cordon (nothing new goes there),
     /// drain (its instances move elsewhere within disruption budgets),
     /// uncordon (back in service). Thin commands over `desired/node/N/…`.
@@ -326,6 +335,20 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum RolloutAction {
+    /// Print the rollout's status; with --watch, follow it until it is
+    /// complete (exit 0), stalled (exit 1) or paused (exit 1).
+    Status {
+        service: String,
+        #[arg(long)]
+        watch: bool,
+        /// With --watch: give up after this many seconds (exit 1).
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+}
+
+#[derive(Subcommand)]
 enum NodeAction {
     /// `desired/node/N/cordon = true`: no new instance is placed on N; what runs there stays.
     Cordon { node: String },
@@ -465,6 +488,7 @@ pub fn main() -> ExitCode {
             std::process::exit(ccattler_agent::supervise::run(&signals, std::time::Duration::from_secs(grace), &command[0], &command[1..]));
         }
         Command::Node { action, etcd } => node(action, &etcd),
+        Command::Rollout { action: RolloutAction::Status { service, watch, timeout }, etcd } => rollout_status(&service, watch, timeout, &etcd),
         Command::Auth { action } => auth(action),
         Command::Secret { action } => secret(action),
         Command::Plan { etcd, rules, with: Some(with), facts } => what_if(&etcd, &rules, &with, facts.as_deref()),
@@ -1028,6 +1052,52 @@ fn apply(file: &std::path::Path, writer: &str, rules: &std::path::Path, etcd: &E
     };
     println!("applied {} fact(s) from {} at revision {revision}", facts.len(), file.display());
     Ok(ExitCode::SUCCESS)
+}
+
+fn rollout_status(service: &str, watch: bool, timeout: u64, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
+    if !ccattler_parser::pattern::is_valid_name(service) {
+        return Ok(usage_error(anyhow::anyhow!("{service:?} is not a service name")));
+    }
+    let cfg = etcd.config()?;
+    runtime()?.block_on(async {
+        let mut client = ccattler_store::etcd::connect(&cfg).await?;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(timeout);
+        let mut shown = String::new();
+        loop {
+            let prefix = format!("status/rollout/{service}/");
+            let resp = client.get(prefix.as_str(), Some(etcd_client::GetOptions::new().with_prefix())).await?;
+            let field =
+                |f: &str| resp.kvs().iter().find(|kv| kv.key() == format!("{prefix}{f}").as_bytes()).map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+            let Some(state) = field("state") else {
+                eprintln!("{service}: no rollout status (is it a service with instances?)");
+                return Ok(ExitCode::from(1));
+            };
+            let want = client.get(format!("effective/service/{service}/instances"), None).await?;
+            let want = want.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()).unwrap_or_else(|| "?".into());
+            let line = format!(
+                "{service}: generation {}, {}/{want} updated, {} ready, {state}",
+                field("generation").unwrap_or_default(),
+                field("updated").unwrap_or_default(),
+                field("ready").unwrap_or_default()
+            );
+            if line != shown {
+                println!("{line}");
+                shown = line;
+            }
+            let done = state == "complete";
+            if !watch || done {
+                return Ok(if done || !watch { ExitCode::SUCCESS } else { ExitCode::from(1) });
+            }
+            if state.starts_with("stalled") || state == "paused" {
+                return Ok(ExitCode::from(1));
+            }
+            if std::time::Instant::now() >= until {
+                eprintln!("{service}: not complete after {timeout} s");
+                return Ok(ExitCode::from(1));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    })
 }
 
 fn node(action: NodeAction, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {

@@ -468,3 +468,79 @@ async fn a_drain_moves_a_nodes_instances_without_going_below_the_budget() {
     let out = ccattler_as("user", &["node", "cordon", "node-1/../x"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A rolling update with three real agents: a service of six behind a
+/// readiness probe gets a new image; a sampler reading the endpoints every
+/// 100 ms never sees fewer than five (6 − max_unavailable), every instance
+/// ends on the new image, and `ccattler rollout status --watch` sees it
+/// complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_never_takes_more_than_max_unavailable_down() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("rollout");
+    let _c = Controller::start("rollout", &shipped_rules());
+    let _agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
+    put_facts(
+        &mut etcd,
+        &[
+            ("desired/service/web/image", "builtin:http#1"),
+            ("desired/service/web/cpu", "100"),
+            ("desired/probe/web/readiness/method", "tcp"),
+            ("intent/user/service/web/instances", "6"),
+        ],
+    )
+    .await;
+    wait_for("six endpoints", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "web").await.len() == 6 }
+    })
+    .await;
+    wait_for("the rollout status says complete", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/rollout/web/state").await.as_deref() == Some("complete") }
+    })
+    .await;
+    let before = processes_of("web");
+    let fewest = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (fewest, stop, mut e) = (fewest.clone(), stop.clone(), etcd.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let n = endpoints(&mut e, "web").await.len();
+                fewest.fetch_min(n, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    etcd.put("desired/service/web/image", "builtin:http#2", None).await.unwrap();
+    wait_for("the rollout to start (generation 2)", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/rollout/web/generation").await.as_deref() == Some("2") }
+    })
+    .await;
+    let out = tokio::task::spawn_blocking(|| ccattler_as("user", &["rollout", "status", "web", "--watch", "--timeout", "60"])).await.unwrap();
+    wait_for("six endpoints after the rollout", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "web").await.len() == 6 }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    sampler.await.unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{printed}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(printed.contains("web: generation 2, 6/6 updated, 6 ready, complete"), "{printed}");
+    let fewest = fewest.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(fewest >= 5, "endpoints fell to {fewest} during the rollout");
+    for i in 0..6 {
+        let node = get(&mut etcd, &format!("placement/instance/web-{i}")).await.unwrap();
+        let image = get(&mut etcd, &format!("observed/node/{node}/instance/web-{i}/image")).await;
+        assert_eq!(image.as_deref(), Some("builtin:http#2"), "web-{i}");
+    }
+    // Every instance was restarted once, with the new image.
+    let after = processes_of("web");
+    for (i, pids) in &after {
+        assert_ne!(before.get(i), Some(pids), "{i} was not restarted");
+    }
+}

@@ -166,12 +166,29 @@ impl Drop for Recorder {
 fn pending_writes(urls: &str, creds: &std::path::Path) -> Option<usize> {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ccattler"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["plan", "--etcd", urls, "--credentials", creds.to_str().unwrap(), "--as", "user"])
+        .args(["plan", "--etcd", urls, "--credentials", creds.to_str().unwrap(), "--as", "user", "--rules", frozen_rules().to_str().unwrap()])
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let first = text.lines().next()?;
     first.split(": ").nth(1)?.split(' ').next()?.parse().ok()
+}
+
+/// The shipped rules as they were when the harness started: a run takes
+/// most of an hour, and the tree may change meanwhile.
+fn frozen_rules() -> std::path::PathBuf {
+    static FROZEN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    FROZEN
+        .get_or_init(|| {
+            let dir = fresh_dir(&format!("faults-rules-{}", std::process::id()));
+            for e in std::fs::read_dir(shipped_rules()).unwrap().flatten() {
+                if e.path().extension().is_some_and(|x| x == "rules") {
+                    std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+                }
+            }
+            dir
+        })
+        .clone()
 }
 
 /// Waits until etcd holds what the rules derive.
@@ -210,7 +227,7 @@ async fn controller_kills() {
     let from = revision(&mut etcd).await + 1;
     let failed = Arc::new(Mutex::new(BTreeSet::new()));
     let rec = Recorder::start(etcd.clone(), from, failed);
-    let start = |id: &str| Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), id, &shipped_rules(), &[], &[]);
+    let start = |id: &str| Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), id, &frozen_rules(), &[], &[]);
     let mut cs = vec![start("a"), start("b")];
     wait_for("a leader", Duration::from_secs(30), || async { leader_of(&cs).is_some() }).await;
     let mut takeovers = Vec::new();
@@ -260,7 +277,7 @@ async fn etcd_member_kills() {
     }
     let from = revision(&mut etcd).await + 1;
     let rec = Recorder::start(etcd.clone(), from, Arc::new(Mutex::new(BTreeSet::new())));
-    let c = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "m", &shipped_rules(), &["--stall-bound", "10"], &[]);
+    let c = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "m", &frozen_rules(), &["--stall-bound", "10"], &[]);
     wait_for("the controller leads", Duration::from_secs(30), || async { c.metric("leader") == Some(1.0) }).await;
     println!("\n| etcd member killed during write-back | time to resume (kill → etcd holds what the rules derive) |\n|---|---|");
     let mut k = 0;
@@ -315,7 +332,7 @@ async fn compaction() {
     sim_nodes(&mut etcd, 20).await;
     etcd.put("desired/service/svc-0/image", "builtin:http", None).await.unwrap();
     etcd.put("intent/user/service/svc-0/instances", "100", None).await.unwrap();
-    let c = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "compact", &shipped_rules(), &[], &[]);
+    let c = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "compact", &frozen_rules(), &[], &[]);
     settle(&urls, &cluster.credentials(), Duration::from_secs(60)).await;
     let from = revision(&mut etcd).await + 1;
     let rec = Recorder::start(etcd.clone(), from, Arc::new(Mutex::new(BTreeSet::new())));
@@ -349,7 +366,7 @@ async fn agent_kills() {
     let cluster = EtcdCluster::start(dir.clone());
     let _ = cluster.client().await;
     let urls = cluster.urls();
-    let _c = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "agents", &shipped_rules(), &[], &[]);
+    let _c = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "agents", &frozen_rules(), &[], &[]);
     let root = dir.join("agents");
     std::fs::create_dir_all(&root).unwrap();
     let mut agents: Vec<Agent> = (1..=3).map(|n| Agent::start_on(&urls, &cluster.credentials(), &root, n, 8000, 16384, &[])).collect();
@@ -443,7 +460,7 @@ async fn soak() {
         etcd.put(format!("desired/service/svc-{s}/cpu"), "200", None).await.unwrap();
         etcd.put(format!("intent/user/service/svc-{s}/instances"), "5", None).await.unwrap();
     }
-    let c = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "soak", &shipped_rules(), &[], &[]);
+    let c = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "soak", &frozen_rules(), &[], &[]);
     settle(&urls, &cluster.credentials(), Duration::from_secs(60)).await;
     let pid = c.child.id();
     let start = Instant::now();
@@ -494,7 +511,7 @@ async fn soak() {
     // A restarted controller on the final state writes nothing.
     let before = revision(&mut etcd).await;
     assert!(c.stop().success());
-    let c2 = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "soak-2", &shipped_rules(), &[], &[]);
+    let c2 = Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), "soak-2", &frozen_rules(), &[], &[]);
     wait_for("the restarted controller leads and settles", Duration::from_secs(60), || async {
         c2.metric("leader") == Some(1.0) && c2.metric("settled_revision").is_some_and(|r| r > 0.0)
     })

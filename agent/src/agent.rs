@@ -117,6 +117,8 @@ struct Instance {
     phase: Phase,
     restarts: u32,
     probes: BTreeMap<String, ProbeRun>,
+    /// The template version its process runs (once it runs what the spec asks).
+    version: Option<i64>,
 }
 
 enum Event {
@@ -319,6 +321,7 @@ impl Agent {
                         phase: Phase::Running,
                         restarts: 0,
                         probes: BTreeMap::new(),
+                        version: None,
                     },
                 );
             } else {
@@ -531,6 +534,12 @@ impl Agent {
                 Ok(Err(why)) => Wanted::Wait(why),
                 Err(why) => Wanted::Cannot(why),
             };
+            // A process that runs what the spec asks runs the spec's template version.
+            if let (Wanted::Run(l), Some(inst)) = (&w, self.instances.get_mut(name)) {
+                if inst.proc.is_some() && inst.launch.as_ref() == Some(l) {
+                    inst.version = spec.version;
+                }
+            }
             want.insert(name.clone(), w);
             // Known from now on; its fields and probes follow the spec (probes without a restart).
             let inst = self.instances.entry(name.clone()).or_insert_with(|| Instance {
@@ -542,6 +551,7 @@ impl Agent {
                 phase: Phase::Waiting(None),
                 restarts: 0,
                 probes: BTreeMap::new(),
+                version: None,
             });
             inst.service = spec.service.clone();
             inst.image = spec.image.clone();
@@ -764,6 +774,9 @@ impl Agent {
             if inst.proc.is_some() {
                 field("ip", self.cfg.address.clone());
                 field("port", inst.port.to_string());
+                if let Some(v) = inst.version {
+                    field("version", v.to_string());
+                }
             }
             let health = match inst.probes.get("readiness") {
                 None => "none",

@@ -3,6 +3,7 @@
 //! | image | runs |
 //! |---|---|
 //! | `builtin:http` | `ccattler serve-http --instance I`: a tiny HTTP server built into the binary |
+//! | `builtin:http#TAG` | the same server; the tag only tells versions apart (a rollout in a test or the demo) |
 //! | `exec:<command>` | `sh -c <command>` |
 //!
 //! Any other image is refused (the instance's state says why). Each instance
@@ -41,7 +42,7 @@ pub enum RuntimeError {
 
 /// The program and arguments for an image.
 pub fn command_for(image: &str, instance: &str) -> Result<(PathBuf, Vec<String>), RuntimeError> {
-    if image == "builtin:http" {
+    if image == "builtin:http" || image.strip_prefix("builtin:http#").is_some_and(|tag| !tag.is_empty()) {
         let exe = std::env::current_exe().map_err(|source| RuntimeError::Spawn { instance: instance.into(), source })?;
         return Ok((exe, vec!["serve-http".into(), "--instance".into(), instance.into()]));
     }
@@ -158,6 +159,9 @@ mod tests {
         assert_eq!(command_for("exec:sleep 5", "x").unwrap(), (PathBuf::from("/bin/sh"), vec!["-c".into(), "sleep 5".into()]));
         assert!(matches!(command_for("nginx:1.28", "x"), Err(RuntimeError::Image(i)) if i == "nginx:1.28"));
         assert!(command_for("exec: ", "x").is_err());
+        assert_eq!(command_for("builtin:http#v2", "web-0").unwrap().1, ["serve-http", "--instance", "web-0"]);
+        assert!(command_for("builtin:http#", "x").is_err());
+        assert!(command_for("builtin:https", "x").is_err());
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub struct InstanceSpec {
     pub secrets: BTreeMap<String, Option<i64>>,
     pub volumes: BTreeMap<String, VolumeSpec>,
     pub probes: BTreeMap<String, ProbeSpec>,
+    /// The version of the template pinned for it (rules/rollout.rules): the
+    /// agent reports the version it runs, so a rollout knows when an
+    /// instance runs its new template.
+    pub version: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,8 +89,15 @@ pub fn assemble(placed: Vec<(String, String)>, view: Vec<(String, String)>, seal
     let mut instances: BTreeMap<String, InstanceSpec> = BTreeMap::new();
     for (instance, service) in placed {
         if layout_name(&instance) {
-            let spec =
-                InstanceSpec { service, image: None, config: BTreeMap::new(), secrets: BTreeMap::new(), volumes: BTreeMap::new(), probes: BTreeMap::new() };
+            let spec = InstanceSpec {
+                service,
+                image: None,
+                config: BTreeMap::new(),
+                secrets: BTreeMap::new(),
+                volumes: BTreeMap::new(),
+                probes: BTreeMap::new(),
+                version: None,
+            };
             instances.insert(instance, spec);
         }
     }
@@ -102,6 +113,7 @@ pub fn assemble(placed: Vec<(String, String)>, view: Vec<(String, String)>, seal
                 let Some(spec) = instances.get_mut(*i) else { continue }; // not (or no longer) placed here
                 match rest {
                     ["image"] => spec.image = Some(v),
+                    ["version"] => spec.version = v.parse().ok(),
                     ["config", key] => {
                         spec.config.insert(key.to_string(), v);
                     }
