@@ -139,6 +139,23 @@ enum Command {
         #[command(flatten)]
         etcd: EtcdArgs,
     },
+    /// The autoscaler daemon (as etcd user `autoscaler`): its own rules
+    /// (default `rules/autoscaler`) over what the controller publishes,
+    /// writing `intent/autoscaler/` only; one leads, others stand by.
+    Autoscaler {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[arg(long, default_value = "rules/autoscaler")]
+        rules: PathBuf,
+        /// Seconds between rounds.
+        #[arg(long, default_value_t = 5)]
+        period: u64,
+        /// This autoscaler's name in `intent/autoscaler/leader` (default: host-pid).
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
+    },
     /// Take a node out of service and back: cordon (nothing new goes there),
     /// drain (its instances move elsewhere within disruption budgets),
     /// uncordon (back in service). Thin commands over `desired/node/N/…`.
@@ -488,6 +505,20 @@ pub fn main() -> ExitCode {
             std::process::exit(ccattler_agent::supervise::run(&signals, std::time::Duration::from_secs(grace), &command[0], &command[1..]));
         }
         Command::Node { action, etcd } => node(action, &etcd),
+        Command::Autoscaler { etcd, rules, period, id, log_format } => {
+            init_logging(log_format);
+            exit_on_panic();
+            let cfg = ccattler_bridge::autoscaler::AutoscalerConfig {
+                etcd: match etcd.config() {
+                    Ok(c) => c,
+                    Err(e) => return usage_error(e),
+                },
+                rules,
+                period: std::time::Duration::from_secs(period.max(1)),
+                id: id.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id())),
+            };
+            autoscaler(cfg)
+        }
         Command::Rollout { action: RolloutAction::Status { service, watch, timeout }, etcd } => rollout_status(&service, watch, timeout, &etcd),
         Command::Auth { action } => auth(action),
         Command::Secret { action } => secret(action),
@@ -1097,6 +1128,22 @@ fn rollout_status(service: &str, watch: bool, timeout: u64, etcd: &EtcdArgs) -> 
             }
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
+    })
+}
+
+fn autoscaler(cfg: ccattler_bridge::autoscaler::AutoscalerConfig) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            let _ = tx.send(true);
+        });
+        ccattler_bridge::autoscaler::run(cfg, rx).await?;
+        Ok(ExitCode::SUCCESS)
     })
 }
 

@@ -122,6 +122,15 @@ fn shipped_rule_tests_pass() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    // The autoscaler's rules are a program of their own, with their tests.
+    let out = ccattler(&["test", "rules/autoscaler/tests", "--rules", "rules/autoscaler"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("3 passed, 0 failed"), "{stdout}");
+    // And neither `check rules` nor `test` descends into it.
+    let out = ccattler(&["check", "rules", "--format", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains("autoscaler.rules"), "{}", text(&out.stdout));
 }
 
 #[test]

@@ -544,3 +544,80 @@ async fn a_rolling_update_never_takes_more_than_max_unavailable_down() {
         assert_ne!(before.get(i), Some(pids), "{i} was not restarted");
     }
 }
+
+/// The autoscaler daemon, as its own etcd user, over three real agents:
+/// load on a service's instances (the built-in HTTP image burns cpu on
+/// `/burn`) scales it up to its max, and down again once the load stops and
+/// the window has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_scales_a_service_up_and_its_end_scales_it_down_after_the_window() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("autoscale");
+    let _c = Controller::start("autoscale", &shipped_rules());
+    let _agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
+    let log = std::fs::File::create(root.join("autoscaler.log")).unwrap();
+    let rules = shipped_rules().join("autoscaler");
+    let mut autoscaler = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["autoscaler", "--period", "1", "--rules", rules.to_str().unwrap(), "--etcd", &etcd_url()])
+        .args(["--credentials", credentials().to_str().unwrap(), "--as", "autoscaler"])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    put_facts(
+        &mut etcd,
+        &[
+            ("desired/service/web/image", "builtin:http"),
+            ("desired/service/web/cpu", "100"),
+            ("desired/probe/web/readiness/method", "tcp"),
+            ("desired/service/web/autoscale/max", "3"),
+            ("desired/service/web/autoscale/target_cpu", "50"),
+            ("desired/service/web/autoscale/window", "5"),
+            ("intent/user/service/web/instances", "1"),
+        ],
+    )
+    .await;
+    wait_for("web's endpoint", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "web").await.len() == 1 }
+    })
+    .await;
+    // Load: two clients burning 300 ms a request on the one instance.
+    let address = endpoints(&mut etcd, "web").await.into_values().next().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, address) = (stop.clone(), address.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    if http_get_path(&address, "/burn?ms=300").is_none() {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            })
+        })
+        .collect();
+    wait_for("the autoscaler asks for 3 and web has 3 instances", Duration::from_secs(60), || {
+        let mut e = etcd.clone();
+        async move {
+            get(&mut e, "intent/autoscaler/service/web/instances").await.as_deref() == Some("3")
+                && get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3")
+        }
+    })
+    .await;
+    let used: i64 = get(&mut etcd, "effective/service/web/usage/cpu").await.unwrap().parse().unwrap();
+    assert!(used > 150, "the load shows as cpu use: {used} millicores");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in load {
+        t.join().unwrap();
+    }
+    let quiet = Instant::now();
+    wait_for("back to the user's 1 after the window", Duration::from_secs(60), || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("1") }
+    })
+    .await;
+    assert!(quiet.elapsed() >= Duration::from_secs(5), "not before the 5 s window: {:?}", quiet.elapsed());
+    let _ = autoscaler.kill();
+    let _ = autoscaler.wait();
+}

@@ -22,7 +22,7 @@ async fn intent_converges_and_follows_changes() {
         async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("5") }
     })
     .await;
-    assert_eq!(keys(&mut etcd, "effective/instance/").await.len(), 5);
+    assert_eq!(instance_count(&mut etcd).await, 5);
     etcd.delete("intent/autoscaler/service/web/instances", None).await.unwrap();
     wait_for("effective 3 once the autoscaler's intent is gone", T, || {
         let mut e = etcd.clone();
@@ -31,7 +31,7 @@ async fn intent_converges_and_follows_changes() {
     .await;
     wait_for("scaled down to 3 instances", T, || {
         let mut e = etcd.clone();
-        async move { keys(&mut e, "effective/instance/").await.len() == 3 }
+        async move { instance_count(&mut e).await == 3 }
     })
     .await;
     let derived: i64 = get(&mut etcd, "status/derived_revision").await.unwrap().parse().unwrap();
@@ -120,7 +120,7 @@ async fn two_controllers_one_writes_and_the_standby_takes_over_after_kill_9() {
     assert_eq!(get(&mut etcd, "status/leader").await.as_deref(), Some("a"));
     assert_eq!(b.metric("leader"), Some(0.0));
     assert_eq!(b.metric("keys_written_total"), Some(0.0), "a standby writes nothing");
-    assert_eq!(keys(&mut etcd, "effective/instance/").await.len(), 2);
+    assert_eq!(instance_count(&mut etcd).await, 2);
 
     let mut a = a;
     a.signal("-KILL");
@@ -134,7 +134,7 @@ async fn two_controllers_one_writes_and_the_standby_takes_over_after_kill_9() {
     etcd.put("intent/user/service/web/instances", "4", None).await.unwrap();
     wait_for("b writes the new state", T, || {
         let mut e = etcd.clone();
-        async move { keys(&mut e, "effective/instance/").await.len() == 4 }
+        async move { instance_count(&mut e).await == 4 }
     })
     .await;
 }
@@ -262,7 +262,7 @@ async fn etcd_restart_is_survived_without_losing_a_change() {
     client.put("intent/user/service/web/instances", "3", None).await.unwrap();
     wait_for("the change made across the restart is applied", Duration::from_secs(30), || {
         let mut e = client.clone();
-        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3") && keys(&mut e, "effective/instance/").await.len() == 3 }
+        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3") && instance_count(&mut e).await == 3 }
     })
     .await;
     assert_eq!(http_status(port, "/readyz"), Some(200));
@@ -290,7 +290,7 @@ async fn compaction_while_the_watch_is_behind_resyncs_without_loss_or_rewrites()
 
     wait_for("the change made while frozen is applied", Duration::from_secs(60), || {
         let mut e = etcd.clone();
-        async move { keys(&mut e, "effective/instance/").await.len() == 3 }
+        async move { instance_count(&mut e).await == 3 }
     })
     .await;
     settled(&c, &mut etcd, Duration::from_secs(60)).await;

@@ -119,6 +119,10 @@ struct Instance {
     probes: BTreeMap<String, ProbeRun>,
     /// The template version its process runs (once it runs what the spec asks).
     version: Option<i64>,
+    /// CPU (millicores) and memory (MiB) it used over the last sample
+    /// period, and the CPU clock ticks at the last sample.
+    usage: Option<(i64, i64)>,
+    cpu_ticks: Option<(u64, Instant)>,
 }
 
 enum Event {
@@ -240,6 +244,10 @@ pub struct Agent {
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often instances' CPU and memory use are sampled (and at most how
+/// often they change in etcd): the average over the period, cpu rounded to
+/// 10 millicores and memory to 4 MiB, so idle or steady instances write nothing.
+const USAGE_PERIOD: Duration = Duration::from_secs(5);
 const TXN_OPS: usize = 64;
 
 /// Restart delay after the n-th crash: 0.5 s, doubling up to 16 s.
@@ -322,6 +330,8 @@ impl Agent {
                         restarts: 0,
                         probes: BTreeMap::new(),
                         version: None,
+                        usage: None,
+                        cpu_ticks: None,
                     },
                 );
             } else {
@@ -349,6 +359,7 @@ impl Agent {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_resync = Instant::now();
+        let mut next_usage = Instant::now() + USAGE_PERIOD;
         loop {
             let mut dirty = false;
             tokio::select! {
@@ -375,6 +386,10 @@ impl Agent {
             self.check_pulse();
             self.converge();
             self.probe();
+            if Instant::now() >= next_usage {
+                next_usage = Instant::now() + USAGE_PERIOD;
+                self.sample_usage();
+            }
             self.publish().await;
         }
         self.shutdown().await
@@ -520,6 +535,29 @@ impl Agent {
         }
     }
 
+    /// Samples what each running instance used since the last sample (its
+    /// whole process group, from /proc).
+    fn sample_usage(&mut self) {
+        let groups = runtime::usage_by_group();
+        let ticks_per_s = runtime::clock_ticks() as i64;
+        let now = Instant::now();
+        for inst in self.instances.values_mut() {
+            let Some(proc) = &inst.proc else {
+                inst.usage = None;
+                inst.cpu_ticks = None;
+                continue;
+            };
+            let Some(&(ticks, rss)) = groups.get(&proc.pid) else { continue };
+            if let Some((before, at)) = inst.cpu_ticks.filter(|(b, _)| *b <= ticks) {
+                let period_ms = (now - at).as_millis().max(1) as i64;
+                let millicores = (ticks - before) as i64 * 1000 * 1000 / ticks_per_s / period_ms;
+                let mib = rss as i64 / (1024 * 1024);
+                inst.usage = Some(((millicores + 5) / 10 * 10, (mib + 2) / 4 * 4));
+            }
+            inst.cpu_ticks = Some((ticks, now));
+        }
+    }
+
     /// Makes the processes match the placements: [`crate::plan::plan`]
     /// decides, this executes. An error on one instance (a directory that
     /// cannot be removed) is logged; it never stops the agent.
@@ -552,6 +590,8 @@ impl Agent {
                 restarts: 0,
                 probes: BTreeMap::new(),
                 version: None,
+                usage: None,
+                cpu_ticks: None,
             });
             inst.service = spec.service.clone();
             inst.image = spec.image.clone();
@@ -776,6 +816,10 @@ impl Agent {
                 field("port", inst.port.to_string());
                 if let Some(v) = inst.version {
                     field("version", v.to_string());
+                }
+                if let Some((cpu, mem)) = inst.usage {
+                    field("usage/cpu", cpu.to_string());
+                    field("usage/memory", mem.to_string());
                 }
             }
             let health = match inst.probes.get("readiness") {

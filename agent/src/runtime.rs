@@ -139,6 +139,36 @@ pub fn alive(pid: u32, started: u64) -> bool {
     start_time(pid) == Some(started)
 }
 
+/// CPU time (clock ticks, user + system, children that exited included) and
+/// resident memory (bytes) of every process, summed per process group: an
+/// instance is the group its supervisor leads.
+pub fn usage_by_group() -> std::collections::HashMap<u32, (u64, u64)> {
+    let mut out: std::collections::HashMap<u32, (u64, u64)> = std::collections::HashMap::new();
+    // SAFETY: sysconf reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(close) = stat.rfind(')') else { continue };
+        let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+        // After the command: state, ppid, pgrp, …, utime (11), stime (12),
+        // cutime (13), cstime (14), …, rss in pages (21).
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let Some(pgrp) = f.get(2).and_then(|v| v.parse::<u32>().ok()) else { continue };
+        let u = out.entry(pgrp).or_default();
+        u.0 += num(11) + num(12) + num(13) + num(14);
+        u.1 += num(21) * page;
+    }
+    out
+}
+
+/// Clock ticks per second (`/proc` CPU times are in these).
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf reads a constant of the system.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as u64
+}
+
 /// Signals an instance's whole process group.
 pub fn signal_group(pid: u32, signal: libc::c_int) {
     // SAFETY: kill(2) with a negative pid signals a process group; no memory is shared.

@@ -144,8 +144,18 @@ pub fn load_rules(path: &PathBuf) -> Result<Arc<Program>, ControllerError> {
 
 /// The key prefixes the controller reads: every pattern's literal prefix, and `status/`.
 pub fn prefixes(program: &Program) -> Vec<String> {
-    let mut all: Vec<String> = program.relations.iter().filter_map(|r| r.pattern.as_ref()).map(|p| p.prefix()).collect();
+    let mut all = pattern_prefixes(program);
     all.push("status/".into());
+    covering(all)
+}
+
+/// The prefixes of the rules' key patterns, none covered by another.
+pub fn pattern_prefixes(program: &Program) -> Vec<String> {
+    covering(program.relations.iter().filter_map(|r| r.pattern.as_ref()).map(|p| p.prefix()).collect())
+}
+
+/// Sorted, without the prefixes a shorter one covers.
+fn covering(mut all: Vec<String>) -> Vec<String> {
     all.sort();
     // Drop prefixes covered by a shorter one.
     let mut out: Vec<String> = Vec::new();

@@ -8,6 +8,7 @@
 //! [`explain`] answers `explain` from a controller's warm engine or a
 //! snapshot.
 
+pub mod autoscaler;
 pub mod controller;
 pub mod explain;
 pub mod gate;

@@ -1033,10 +1033,15 @@ impl Checker {
         let outs: Vec<RelId> = (0..self.relations.len()).filter(|&i| self.relations[i].kind == DeclKind::Output).collect();
         // The controller's etcd role writes only these (DESIGN §6).
         const WRITABLE: [&str; 4] = ["effective/", "placement/", "endpoint/", "status/"];
+        // A program whose every output is under one `intent/<writer>/` is
+        // that writer's (the autoscaler's rules): its role writes there.
+        let writer_of = |text: &str| text.strip_prefix("intent/").and_then(|r| r.split_once('/')).map(|(w, _)| w.to_string()).filter(|w| !w.contains('{'));
+        let writers: BTreeSet<Option<String>> = outs.iter().filter_map(|&o| self.relations[o].pattern.as_ref()).map(|p| writer_of(&p.text)).collect();
+        let writer_program = writers.len() == 1 && writers.iter().next().is_some_and(Option::is_some);
         for &o in &outs {
             let r = &self.relations[o];
             let Some(p) = &r.pattern else { continue };
-            if !WRITABLE.iter().any(|w| p.text.starts_with(w)) {
+            if !writer_program && !WRITABLE.iter().any(|w| p.text.starts_with(w)) {
                 let d = Diagnostic::warning(
                     "unwritable-output",
                     r.span,

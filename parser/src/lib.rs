@@ -74,13 +74,22 @@ pub fn files_with_extension(paths: &[PathBuf], ext: &'static str) -> Result<Vec<
     Ok(out)
 }
 
+/// A file that makes its directory a program of its own (as a nested
+/// `Cargo.toml` makes a package): the parent's rules and tests do not
+/// include what is below it (`rules/autoscaler/`).
+pub const PROGRAM_MARKER: &str = "PROGRAM";
+
 /// Every file below `dir` (recursively, as `cargo test` and `opa test`
-/// find theirs) whose name ends in `.ext`.
+/// find theirs) whose name ends in `.ext`, except below a subdirectory that
+/// is a program of its own ([`PROGRAM_MARKER`]).
 fn walk(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
     let entries = std::fs::read_dir(dir).map_err(|e| LoadError::Io { path: dir.to_path_buf(), source: e })?;
     for e in entries.flatten() {
         let p = e.path();
         if p.is_dir() {
+            if p.join(PROGRAM_MARKER).is_file() {
+                continue;
+            }
             walk(&p, ext, out)?;
         } else if p.extension().is_some_and(|x| x == ext) {
             out.push(p);

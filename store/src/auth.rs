@@ -69,7 +69,7 @@ pub fn grants(role: &str) -> Option<Vec<(Range, Access)>> {
             g.extend(["desired/", "intent/user/", "secret/value/"].map(|s| (p(s), Write)));
             g
         }
-        AUTOSCALER => vec![(p("effective/"), Read), (p("observed/"), Read), (p("intent/autoscaler/"), Write)],
+        AUTOSCALER => vec![(p("effective/"), Read), (p("observed/"), Read), (p("intent/autoscaler/"), ReadWrite)],
         _ => {
             let node = role.strip_prefix("agent-").filter(|n| ccattler_parser::pattern::is_valid_name(n))?;
             let mut g: Vec<(Range, Access)> = ["placement/node/", "effective/node/", "secret/node/"].map(|s| (p(&format!("{s}{node}/")), Read)).to_vec();

@@ -169,7 +169,8 @@ pub async fn snapshot(client: &mut Client, prefixes: &[String], page: i64) -> Re
 pub async fn snapshot_at(client: &mut Client, prefixes: &[String], page: i64, at: Option<i64>) -> Result<(i64, Vec<(String, Held)>), EtcdError> {
     let rev = match at {
         Some(r) => r,
-        None => current_revision(client).await?,
+        // A get of the first prefix as a key: one the reader may read.
+        None => revision_reading(client, prefixes.first().filter(|p| !p.is_empty()).map_or("status/derived_revision", String::as_str)).await?,
     };
     let mut out = Vec::new();
     read_pages(client, prefixes, page, rev, |kvs| {
@@ -183,7 +184,13 @@ pub async fn snapshot_at(client: &mut Client, prefixes: &[String], page: i64, at
 /// etcd's current revision (a cheap read), to fix the revision a snapshot's
 /// pages are all read at.
 pub async fn current_revision(client: &mut Client) -> Result<i64, EtcdError> {
-    Ok(client.get("status/derived_revision", None).await?.header().map_or(0, |h| h.revision()))
+    revision_reading(client, "status/derived_revision").await
+}
+
+/// etcd's current revision, from a get of `key` (it need not exist, but the
+/// user must be allowed to read it: the autoscaler may not read `status/`).
+pub async fn revision_reading(client: &mut Client, key: &str) -> Result<i64, EtcdError> {
+    Ok(client.get(key, None).await?.header().map_or(0, |h| h.revision()))
 }
 
 /// Reads every key under `prefixes` at revision `rev`, a page at a time,

@@ -90,6 +90,12 @@ pub async fn keys(c: &mut Client, prefix: &str) -> Vec<(String, String)> {
     r.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.value_str().unwrap().to_string())).collect()
 }
 
+/// How many instances the controller has derived (one `effective/instance/I/service`
+/// each; an instance has several keys under `effective/instance/I/`).
+pub async fn instance_count(c: &mut Client) -> usize {
+    keys(c, "effective/instance/").await.iter().filter(|(k, _)| k.ends_with("/service")).count()
+}
+
 /// Polls `cond` until it holds or the deadline passes.
 pub async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
 where
@@ -403,9 +409,14 @@ pub fn processes_of(service: &str) -> BTreeMap<String, Vec<u32>> {
 
 /// `GET /` on `address`: the body, if it answers 200.
 pub fn http_get(address: &str) -> Option<String> {
+    http_get_path(address, "/")
+}
+
+/// `GET path` on `address` over HTTP/1.0: the body if the status is 200.
+pub fn http_get_path(address: &str, path: &str) -> Option<String> {
     let mut s = std::net::TcpStream::connect(address).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).ok()?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).ok()?;
     let (head, body) = resp.split_once("\r\n\r\n")?;
