@@ -93,8 +93,12 @@ struct Checker {
 }
 
 impl Checker {
+    /// One step's writes, as the engine sees them: a key written twice in a
+    /// step holds its last value (the first was never seen, so it is not a
+    /// "last valid" one a rejected value keeps).
     fn write(&mut self, writes: &[(String, Option<String>)]) {
-        for (k, v) in writes {
+        let last: BTreeMap<&String, &Option<String>> = writes.iter().map(|(k, v)| (k, v)).collect();
+        for (k, v) in last {
             match v {
                 Some(v) => {
                     self.store.insert(k.clone(), v.clone());
