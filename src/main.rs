@@ -9,5 +9,6 @@ mod cli;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    ccattler_engine::disable_huge_pages();
     cli::main()
 }

@@ -23,6 +23,7 @@ use common::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    ccattler_engine::disable_huge_pages();
     log_if_asked();
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);

@@ -74,6 +74,7 @@ impl Running {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    ccattler_engine::disable_huge_pages();
     log_if_asked();
     let p = Params::from_args();
     let repeat: usize = synth::arg("--repeat").unwrap_or(5);

@@ -58,6 +58,7 @@ fn report(name: &str, lat: &mut Latency) -> Duration {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    ccattler_engine::disable_huge_pages();
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);
     let workers: usize = synth::arg("--workers").unwrap_or_else(ccattler_engine::default_workers);
@@ -154,6 +155,9 @@ fn main() {
     }
     let intent_p50 = report("intent changed (below the max)", &mut intent);
 
+    rollout(&mut session, &p);
+    drain(&mut session, &p);
+
     // From scratch: a fresh engine over the same facts.
     let t = Instant::now();
     let mut fresh = Session::new(program, workers).expect("engine");
@@ -246,4 +250,117 @@ fn validate(session: &Session, p: &Params) -> usize {
         assert!(hi - lo <= 1, "svc-{s} over its skew: {zones:?}");
     }
     placed
+}
+
+/// The agents, instantly: every instance of `instances` runs the version
+/// pinned for it on the node it is placed on, ready; reports on a node it
+/// left are gone. `reported` is what they said last (instance → node, version).
+fn agents_catch_up(session: &Session, instances: &[String], reported: &mut std::collections::HashMap<String, (String, String)>) -> Vec<Write> {
+    let mut w = Vec::new();
+    for inst in instances {
+        let derived = session.derived();
+        let (Some(node), Some(version)) = (derived.get(&format!("placement/instance/{inst}")), derived.get(&format!("effective/instance/{inst}/version")))
+        else {
+            continue;
+        };
+        let now = (node.clone(), version.clone());
+        if reported.get(inst) == Some(&now) {
+            continue;
+        }
+        if let Some((old, _)) = reported.get(inst).filter(|(old, _)| old != node) {
+            for f in ["service", "state", "health", "image", "ip", "port", "version"] {
+                w.push((format!("observed/node/{old}/instance/{inst}/{f}"), None));
+            }
+            w.push((format!("observed/node/{old}/probe_state/{inst}/readiness"), None));
+        }
+        let o = |f: &str| format!("observed/node/{node}/instance/{inst}/{f}");
+        w.push((o("state"), Some("running".into())));
+        w.push((o("health"), Some("healthy".into())));
+        w.push((o("ip"), Some("127.0.0.1".into())));
+        w.push((o("port"), Some("20000".into())));
+        w.push((o("version"), Some(version.clone())));
+        w.push((format!("observed/node/{node}/probe_state/{inst}/readiness"), Some("healthy".into())));
+        reported.insert(inst.clone(), now);
+    }
+    w
+}
+
+/// A rolling update of a 1,000-instance service, one instance at a time
+/// (max_unavailable 1), its agents ready at once: time per step and keys
+/// written back per step.
+fn rollout(session: &mut Session, p: &Params) {
+    let s = synth::service_name(0);
+    let n = 1000;
+    let instances: Vec<String> = (0..n).map(|i| format!("{s}-{i}")).collect();
+    let mut reported = std::collections::HashMap::new();
+    session.write(&[(format!("intent/user/service/{s}/instances"), Some(n.to_string()))]).expect("scale");
+    // The synthetic cluster's instances already report version 1 where they are.
+    for i in 0..synth::instances_of(p, 0) {
+        if let Some(node) = session.derived().get(&format!("placement/instance/{s}-{i}")) {
+            reported.insert(format!("{s}-{i}"), (node.clone(), "1".to_string()));
+        }
+    }
+    let w = agents_catch_up(session, &instances, &mut reported);
+    session.write(&w).expect("reports");
+    let state = |s2: &Session| s2.derived().get(&format!("status/rollout/{s}/state")).cloned().unwrap_or_default();
+    assert_eq!(state(session), "complete", "before the rollout");
+    let t = Instant::now();
+    let mut steps: Vec<(Duration, usize)> = Vec::new();
+    session.write(&[(format!("desired/service/{s}/image"), Some("builtin:http#v2".into()))]).expect("new image");
+    steps.push((t.elapsed(), session.last_writes));
+    while state(session) != "complete" {
+        let w = agents_catch_up(session, &instances, &mut reported);
+        assert!(!w.is_empty() && steps.len() <= 2 * n, "the rollout is stuck: {}", state(session));
+        let t = Instant::now();
+        session.write(&w).expect("step");
+        steps.push((t.elapsed(), session.last_writes));
+    }
+    let total: Duration = steps.iter().map(|(d, _)| *d).sum();
+    let mut times: Vec<Duration> = steps.iter().map(|(d, _)| *d).collect();
+    times.sort();
+    let mut keys: Vec<usize> = steps.iter().map(|(_, k)| *k).collect();
+    keys.sort();
+    let pct = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize];
+    println!(
+        "rollout of a new image to {n} instances (max_unavailable 1, instant readiness): {} steps, engine time {:.2} s; per step p50 {:.2} ms, p99 {:.2} ms; keys written back per step p50 {}, max {}",
+        steps.len(),
+        total.as_secs_f64(),
+        pct(&times, 0.5).as_secs_f64() * 1e3,
+        pct(&times, 0.99).as_secs_f64() * 1e3,
+        keys[keys.len() / 2],
+        keys[keys.len() - 1]
+    );
+}
+
+/// Draining a node with its instances ready elsewhere at once: engine time
+/// until the node is `drained`.
+fn drain(session: &mut Session, p: &Params) {
+    let node = synth::node_name(7 % p.nodes);
+    let prefix = format!("placement/node/{node}/");
+    let on: Vec<String> =
+        session.derived().range(prefix.clone()..).take_while(|(k, _)| k.starts_with(&prefix)).map(|(k, _)| k[prefix.len()..].to_string()).collect();
+    let mut reported: std::collections::HashMap<String, (String, String)> =
+        on.iter().filter_map(|i| Some((i.clone(), (node.clone(), session.derived().get(&format!("effective/instance/{i}/version"))?.clone())))).collect();
+    let t = Instant::now();
+    let mut steps = 0;
+    let mut w = vec![(format!("desired/node/{node}/drain"), Some("true".to_string()))];
+    let state = |s: &Session| s.derived().get(&format!("effective/node/{node}/state")).cloned().unwrap_or_default();
+    let mut engine = Duration::ZERO;
+    loop {
+        let t = Instant::now();
+        session.write(&w).expect("drain step");
+        engine += t.elapsed();
+        steps += 1;
+        if state(session) == "drained" {
+            break;
+        }
+        w = agents_catch_up(session, &on, &mut reported);
+        assert!(!w.is_empty() && steps < 1000, "the drain is stuck: {}", state(session));
+    }
+    println!(
+        "drain of {node} with {} instances (instant readiness): drained after {steps} steps, engine time {:.2} s ({:.2} s with the bench's own bookkeeping)",
+        on.len(),
+        engine.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
 }

@@ -18,6 +18,6 @@ pub mod session;
 pub mod synth;
 pub mod value;
 
-pub use runtime::{default_workers, Change, Engine, EngineError, Reads, Snapshot};
+pub use runtime::{default_workers, disable_huge_pages, Change, Engine, EngineError, Reads, Snapshot};
 pub use session::{Session, SessionError};
 pub use value::{Row, Value};

@@ -34,6 +34,8 @@ pub struct Session {
     rev: u64,
     /// Write-back rounds the last `write` took.
     pub last_rounds: usize,
+    /// Keys the last `write` wrote back (puts and deletes, over all rounds).
+    pub last_writes: usize,
     /// How long the last `write` took until its own revision's output diff was
     /// complete (before any write-back round).
     pub last_first_diff: std::time::Duration,
@@ -49,6 +51,7 @@ impl Session {
             outputs: OutputFacts::default(),
             rev: 0,
             last_rounds: 0,
+            last_writes: 0,
             last_first_diff: std::time::Duration::ZERO,
         })
     }
@@ -69,8 +72,10 @@ impl Session {
         let start = std::time::Instant::now();
         let mut dirty = self.apply(writes)?;
         self.last_first_diff = start.elapsed();
+        self.last_writes = 0;
         for round in 0..MAX_ROUNDS {
             let back = self.reconcile(&dirty);
+            self.last_writes += back.len();
             if back.is_empty() {
                 self.last_rounds = round;
                 return Ok(());

@@ -151,6 +151,7 @@ fn facts(p: &Params, placed: bool) -> Vec<(String, String)> {
             f.push((o("image"), "builtin:http".into()));
             f.push((o("ip"), "127.0.0.1".into()));
             f.push((o("port"), (20_000 + i % 40_000).to_string()));
+            f.push((o("version"), "1".into()));
             f.push((format!("observed/node/{node}/probe_state/{inst}/readiness"), "healthy".into()));
             f.push((format!("placement/instance/{inst}"), node));
         }
