@@ -558,12 +558,14 @@ async fn load_scales_a_service_up_and_its_end_scales_it_down_after_the_window() 
     let _agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
     let log = std::fs::File::create(root.join("autoscaler.log")).unwrap();
     let rules = shipped_rules().join("autoscaler");
-    let mut autoscaler = Command::new(env!("CARGO_BIN_EXE_ccattler"))
-        .args(["autoscaler", "--period", "1", "--rules", rules.to_str().unwrap(), "--etcd", &etcd_url()])
-        .args(["--credentials", credentials().to_str().unwrap(), "--as", "autoscaler"])
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    let _autoscaler = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_ccattler"))
+            .args(["autoscaler", "--period", "1", "--rules", rules.to_str().unwrap(), "--etcd", &etcd_url()])
+            .args(["--credentials", credentials().to_str().unwrap(), "--as", "autoscaler"])
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
     put_facts(
         &mut etcd,
         &[
@@ -618,6 +620,4 @@ async fn load_scales_a_service_up_and_its_end_scales_it_down_after_the_window() 
     })
     .await;
     assert!(quiet.elapsed() >= Duration::from_secs(5), "not before the 5 s window: {:?}", quiet.elapsed());
-    let _ = autoscaler.kill();
-    let _ = autoscaler.wait();
 }

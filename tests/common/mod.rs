@@ -287,6 +287,16 @@ impl PrivateEtcd {
     }
 }
 
+/// A child process killed when the test ends, whether it passes or panics.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for PrivateEtcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
