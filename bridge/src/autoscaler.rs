@@ -13,7 +13,7 @@
 use crate::etcd::{self, EtcdConfig, EtcdError, Fence, Op, Written};
 use ccattler_engine::Session;
 use ccattler_parser::program::Program;
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::Client;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -107,21 +107,12 @@ struct Leading {
 /// Takes the leader key if nobody holds it.
 async fn campaign(cfg: &AutoscalerConfig, ttl: i64) -> Result<Option<Leading>, EtcdError> {
     let mut client = etcd::connect(&cfg.etcd).await?;
-    let lease = client.lease_grant(ttl, None).await?.id();
-    let txn = Txn::new().when([Compare::create_revision(LEADER_KEY, CompareOp::Equal, 0)]).and_then([TxnOp::put(
-        LEADER_KEY,
-        cfg.id.as_str(),
-        Some(PutOptions::new().with_lease(lease)),
-    )]);
-    let resp = client.txn(txn).await?;
-    if !resp.succeeded() {
-        let _ = client.lease_revoke(lease).await;
+    let Some((lease, fence)) = etcd::claim(&mut client, LEADER_KEY, &cfg.id, ttl).await? else {
         return Ok(None);
-    }
-    let create_revision = resp.header().map_or(0, |h| h.revision());
+    };
     let (keeper, responses) = client.lease_keep_alive(lease).await?;
     info!(id = %cfg.id, "leading");
-    Ok(Some(Leading { client, fence: Fence { key: LEADER_KEY.into(), create_revision }, keeper, responses }))
+    Ok(Some(Leading { client, fence, keeper, responses }))
 }
 
 /// One round: the rules' facts at one revision plus the clock, to a fixed

@@ -10,7 +10,7 @@ use crate::secrets::SecretBook;
 use crate::watch::WatchReader;
 use ccattler_parser::program::Program;
 use ccattler_store::seal::ClusterKeys;
-use etcd_client::{Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -262,20 +262,11 @@ impl Drop for Leadership {
 
 /// Tries to become leader: creates the leader key under a new lease if absent.
 async fn campaign(client: &mut Client, id: &str, ttl: i64) -> Result<Option<Leadership>, etcd_client::Error> {
-    let lease = client.lease_grant(ttl, None).await?.id();
-    let txn = Txn::new().when([Compare::create_revision(LEADER_KEY, CompareOp::Equal, 0)]).and_then([TxnOp::put(
-        LEADER_KEY,
-        id,
-        Some(PutOptions::new().with_lease(lease)),
-    )]);
-    let resp = client.txn(txn).await?;
-    if !resp.succeeded() {
-        let _ = client.lease_revoke(lease).await;
+    let Some((lease, fence)) = etcd::claim(client, LEADER_KEY, id, ttl).await? else {
         return Ok(None);
-    }
-    let create_revision = resp.header().map_or(0, |h| h.revision());
+    };
     let keep_alive = client.lease_keep_alive(lease).await?;
-    Ok(Some(Leadership::start(lease, Fence { key: LEADER_KEY.into(), create_revision }, ttl, keep_alive)))
+    Ok(Some(Leadership::start(lease, fence, ttl, keep_alive)))
 }
 
 /// A standby's campaign; on success every key is considered again, since a

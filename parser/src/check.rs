@@ -9,8 +9,6 @@ use crate::source::{Sources, Span};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-/// The built-in's call, as help texts show it.
-
 /// Checks parsed files. Returns the program when there are no errors; the
 /// diagnostics (warnings included) either way.
 ///
