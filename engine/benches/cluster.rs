@@ -155,6 +155,22 @@ fn main() {
     }
     let intent_p50 = report("intent changed (below the max)", &mut intent);
 
+    // The leader advances the cluster clock every second.
+    let mut tick = Latency { first: vec![], settled: vec![] };
+    for i in 0..changes {
+        measure(&mut session, &[("status/clock".to_string(), Some((synth::SYNTH_CLOCK + 1 + i as i64).to_string()))], &mut tick);
+    }
+    report("cluster clock advanced (every second)", &mut tick);
+
+    // A new image for a service: its rollout starts (one instance updated;
+    // the next waits for its agent, which the bench does not simulate here).
+    let mut image = Latency { first: vec![], settled: vec![] };
+    for i in 0..changes {
+        let key = format!("desired/service/{}/image", svc(i * 7 + 3));
+        measure(&mut session, &[(key, Some(format!("img-{i}")))], &mut image);
+    }
+    report("image changed (a rollout starts)", &mut image);
+
     rollout(&mut session, &p);
     drain(&mut session, &p);
 

@@ -88,7 +88,11 @@ pub fn node_facts(n: usize, zones: usize) -> Vec<(String, String)> {
         (k("address"), format!("10.{}.{}.{}", n / 65536, (n / 256) % 256, n % 256)),
         (k("alive"), format!("{}", 7_000_000 + n)),
         (k("heartbeat"), SYNTH_BEAT.to_string()),
-        (k("ttl"), "30".into()),
+        // The benches' simulated agents never beat again: a day's grace keeps
+        // their nodes ready while a controller advances the cluster clock
+        // (with 30 s, every node went unreachable half-way through the
+        // bridge bench's write-back and everything was re-placed).
+        (k("ttl"), "86400".into()),
         // The controller saw this heartbeat at the cluster clock's current reading.
         (format!("status/heartbeat/{}/{SYNTH_BEAT}", node_name(n)), SYNTH_CLOCK.to_string()),
         (k("label/zone"), format!("z{}", n % zones.max(1))),
