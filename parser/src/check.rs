@@ -292,7 +292,8 @@ impl Checker {
     ///
     /// ```text
     /// h(g, sum(c) default 0) :- body per p(g).
-    ///   h#agg(g, sum(c)) :- p(g), body.        the groups the body matches
+    ///   h#agg(g, sum(c)) :- body, with p(g)     the groups the body matches
+    ///     after its first atom naming g
     ///   h#has(g) :- h#agg(g, _).
     ///   h(g, v) :- h#agg(g, v).
     ///   h(g, 0) :- p(g), not h#has(g).         the others get the default
@@ -357,9 +358,17 @@ impl Checker {
             self.declare_hidden(&has_rel, group_cols, r.span);
         }
         let agg_vars: Vec<String> = (0..columns.len()).map(|i| format!("_#v{i}")).collect();
-        // h#agg(g, sum(c)) :- p(g), body.
-        let mut body = vec![ast::BodyItem::Pos(per.clone())];
-        body.extend(r.body.iter().cloned());
+        // h#agg(g, sum(c)) :- p(g), body. The group atom goes right after the
+        // body's first positive atom that names a group (first if none does),
+        // so it filters what is bound instead of pairing every group with the
+        // body's first atom.
+        let names_group = |item: &ast::BodyItem| match item {
+            ast::BodyItem::Pos(a) => a.args.iter().any(|e| matches!(&e.kind, ExprKind::Var(v) if group_vars.iter().flatten().any(|g| g == v))),
+            _ => false,
+        };
+        let at = r.body.iter().position(names_group).map_or(0, |i| i + 1);
+        let mut body = r.body.clone();
+        body.insert(at, ast::BodyItem::Pos(per.clone()));
         let agg_terms = r
             .head_terms
             .iter()
