@@ -208,4 +208,21 @@ mod tests {
         assert!(!alive(me, t + 1));
         assert_eq!(start_time(u32::MAX - 1), None);
     }
+
+    #[test]
+    fn usage_of_own_process_group_counts_cpu_burnt_and_memory_held() {
+        // SAFETY: getpgrp has no preconditions.
+        let group = unsafe { libc::getpgrp() } as u32;
+        let (ticks_before, _) = usage_by_group()[&group];
+        let held = vec![1u8; 64 << 20];
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(300) {
+            x = x.wrapping_add(std::hint::black_box(held[x as usize % held.len()]) as u64);
+        }
+        let (ticks_after, rss) = usage_by_group()[&group];
+        assert!(ticks_after > ticks_before, "{ticks_before} → {ticks_after} ticks after 300 ms of cpu");
+        assert!(rss >= 64 << 20, "{rss} bytes resident while holding 64 MiB");
+        assert!(clock_ticks() >= 1);
+    }
 }
