@@ -199,15 +199,19 @@ async fn kill_9_during_a_large_write_back_then_restart_converges_and_never_overw
     let mut etcd = fresh_etcd().await;
     let instances = 8000;
     put_all(&mut etcd, &cluster(50, instances)).await;
+    // Killed as soon as the first placements commit (seen through a watch:
+    // polling every 50 ms was too slow once the write-back got faster).
+    let (_watcher, mut placed) = etcd.watch("placement/instance/", Some(etcd_client::WatchOptions::new().with_prefix())).await.unwrap();
     let mut c = Controller::start("a", &shipped_rules());
-    wait_for("the write-back to be under way", Duration::from_secs(60), || {
-        let mut e = etcd.clone();
-        async move {
-            let n = e.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
-            n >= 500
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(resp) = placed.message().await.unwrap() {
+            if !resp.events().is_empty() {
+                return;
+            }
         }
     })
-    .await;
+    .await
+    .expect("the write-back to be under way within 60 s");
     c.signal("-KILL");
     let _ = c.child.wait();
     let partial = etcd.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
