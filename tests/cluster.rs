@@ -412,6 +412,7 @@ async fn a_drain_moves_a_nodes_instances_without_going_below_the_budget() {
     let root = scratch("drain");
     let _c = Controller::start("drain", &shipped_rules());
     let _agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
+    ready_nodes(&etcd, 3).await;
     put_facts(
         &mut etcd,
         &[
@@ -481,6 +482,7 @@ async fn a_rolling_update_never_takes_more_than_max_unavailable_down() {
     let root = scratch("rollout");
     let _c = Controller::start("rollout", &shipped_rules());
     let _agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
+    ready_nodes(&etcd, 3).await;
     put_facts(
         &mut etcd,
         &[

@@ -96,6 +96,16 @@ pub async fn instance_count(c: &mut Client) -> usize {
     keys(c, "effective/instance/").await.iter().filter(|(k, _)| k.ends_with("/service")).count()
 }
 
+/// Waits until `n` nodes are ready (so a service applied next spreads over
+/// all of them: placements made while one is still joining stay where they are).
+pub async fn ready_nodes(etcd: &Client, n: usize) {
+    wait_for(&format!("{n} ready nodes"), Duration::from_secs(30), || {
+        let mut e = etcd.clone();
+        async move { keys(&mut e, "effective/node/").await.iter().filter(|(k, v)| k.ends_with("/state") && v == "ready").count() == n }
+    })
+    .await;
+}
+
 /// Polls `cond` until it holds or the deadline passes.
 pub async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
 where
