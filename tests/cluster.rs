@@ -401,22 +401,19 @@ async fn an_agent_killed_9_fences_its_instances_so_none_ever_runs_twice() {
     assert!(gone <= Duration::from_secs(TTL + 1), "fenced only after {gone:?} (lease TTL {TTL} s)");
 }
 
-/// `ccattler node drain`: with three real agents and a service of six behind
-/// a readiness probe, a sampler reading the endpoints every 100 ms never sees
-/// fewer than five (the default budget: all but one) while node-1 drains,
-/// and the drain completes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drain_moves_a_nodes_instances_without_going_below_the_budget() {
-    let _serial = serial();
+/// A controller and three ready agents running six instances of `web` (this
+/// image, a tcp readiness probe), all six serving: what the drain and rollout
+/// tests start from. The second value keeps the processes alive.
+async fn six_web_instances_behind_a_probe(name: &str, image: &str) -> (etcd_client::Client, (Controller, Vec<Agent>)) {
     let mut etcd = fresh_etcd().await;
-    let root = scratch("drain");
-    let _c = Controller::start("drain", &shipped_rules());
-    let _agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
+    let root = scratch(name);
+    let c = Controller::start(name, &shipped_rules());
+    let agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
     ready_nodes(&etcd, 3).await;
     put_facts(
         &mut etcd,
         &[
-            ("desired/service/web/image", "builtin:http"),
+            ("desired/service/web/image", image),
             ("desired/service/web/cpu", "100"),
             ("desired/probe/web/readiness/method", "tcp"),
             ("intent/user/service/web/instances", "6"),
@@ -428,28 +425,55 @@ async fn a_drain_moves_a_nodes_instances_without_going_below_the_budget() {
         async move { endpoints(&mut e, "web").await.len() == 6 }
     })
     .await;
-    let on_node_1 = keys(&mut etcd, "placement/node/node-1/").await.len();
-    assert!(on_node_1 >= 2, "spread puts two on each node: {on_node_1}");
-    // The sampler: the fewest endpoints seen while draining.
-    let fewest = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let (fewest, stop, mut e) = (fewest.clone(), stop.clone(), etcd.clone());
-        tokio::spawn(async move {
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let n = endpoints(&mut e, "web").await.len();
-                fewest.fetch_min(n, std::sync::atomic::Ordering::SeqCst);
+    (etcd, (c, agents))
+}
+
+/// Reads a service's endpoints every 100 ms until stopped; `stop` gives the
+/// fewest it saw.
+struct FewestEndpoints {
+    fewest: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FewestEndpoints {
+    fn start(etcd: &etcd_client::Client, service: &'static str) -> FewestEndpoints {
+        let fewest = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (f, st, mut e) = (fewest.clone(), stop.clone(), etcd.clone());
+        let task = tokio::spawn(async move {
+            while !st.load(std::sync::atomic::Ordering::SeqCst) {
+                let n = endpoints(&mut e, service).await.len();
+                f.fetch_min(n, std::sync::atomic::Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-        })
-    };
+        });
+        FewestEndpoints { fewest, stop, task }
+    }
+
+    async fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await.unwrap();
+        self.fewest.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// `ccattler node drain`: with three real agents and a service of six behind
+/// a readiness probe, a sampler reading the endpoints every 100 ms never sees
+/// fewer than five (the default budget: all but one) while node-1 drains,
+/// and the drain completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_moves_a_nodes_instances_without_going_below_the_budget() {
+    let _serial = serial();
+    let (mut etcd, _cluster) = six_web_instances_behind_a_probe("drain", "builtin:http").await;
+    let on_node_1 = keys(&mut etcd, "placement/node/node-1/").await.len();
+    assert!(on_node_1 >= 2, "spread puts two on each node: {on_node_1}");
+    let sampler = FewestEndpoints::start(&etcd, "web");
     let out = tokio::task::spawn_blocking(|| ccattler_as("user", &["node", "drain", "node-1", "--wait", "60"])).await.unwrap();
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    sampler.await.unwrap();
+    let fewest = sampler.stop().await;
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("node-1: drained"));
     assert!(keys(&mut etcd, "placement/node/node-1/").await.is_empty());
-    let fewest = fewest.load(std::sync::atomic::Ordering::SeqCst);
     assert!(fewest >= 5, "endpoints fell to {fewest} during the drain");
     wait_for("six endpoints again, elsewhere", T, || {
         let mut e = etcd.clone();
@@ -478,44 +502,14 @@ async fn a_drain_moves_a_nodes_instances_without_going_below_the_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_never_takes_more_than_max_unavailable_down() {
     let _serial = serial();
-    let mut etcd = fresh_etcd().await;
-    let root = scratch("rollout");
-    let _c = Controller::start("rollout", &shipped_rules());
-    let _agents: Vec<Agent> = (1..=3).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
-    ready_nodes(&etcd, 3).await;
-    put_facts(
-        &mut etcd,
-        &[
-            ("desired/service/web/image", "builtin:http#1"),
-            ("desired/service/web/cpu", "100"),
-            ("desired/probe/web/readiness/method", "tcp"),
-            ("intent/user/service/web/instances", "6"),
-        ],
-    )
-    .await;
-    wait_for("six endpoints", T, || {
-        let mut e = etcd.clone();
-        async move { endpoints(&mut e, "web").await.len() == 6 }
-    })
-    .await;
+    let (mut etcd, _cluster) = six_web_instances_behind_a_probe("rollout", "builtin:http#1").await;
     wait_for("the rollout status says complete", T, || {
         let mut e = etcd.clone();
         async move { get(&mut e, "status/rollout/web/state").await.as_deref() == Some("complete") }
     })
     .await;
     let before = processes_of("web");
-    let fewest = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let (fewest, stop, mut e) = (fewest.clone(), stop.clone(), etcd.clone());
-        tokio::spawn(async move {
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let n = endpoints(&mut e, "web").await.len();
-                fewest.fetch_min(n, std::sync::atomic::Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let sampler = FewestEndpoints::start(&etcd, "web");
     etcd.put("desired/service/web/image", "builtin:http#2", None).await.unwrap();
     wait_for("the rollout to start (generation 2)", T, || {
         let mut e = etcd.clone();
@@ -528,12 +522,10 @@ async fn a_rolling_update_never_takes_more_than_max_unavailable_down() {
         async move { endpoints(&mut e, "web").await.len() == 6 }
     })
     .await;
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    sampler.await.unwrap();
+    let fewest = sampler.stop().await;
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{printed}{}", String::from_utf8_lossy(&out.stderr));
     assert!(printed.contains("web: generation 2, 6/6 updated, 6 ready, complete"), "{printed}");
-    let fewest = fewest.load(std::sync::atomic::Ordering::SeqCst);
     assert!(fewest >= 5, "endpoints fell to {fewest} during the rollout");
     for i in 0..6 {
         let node = get(&mut etcd, &format!("placement/instance/web-{i}")).await.unwrap();

@@ -149,12 +149,14 @@ async fn round(client: &mut Client, fence: &Fence, program: &Arc<Program>) -> Re
         }
     }
     let n = ops.len();
-    let mut chunks: Vec<&[Op]> = ops.chunks(64).collect();
+    // Bounded as the controller's are (a transaction also carries the clock);
+    // with nothing to write, the clock alone.
+    let mut chunks = crate::reconcile::chunks(ops, crate::reconcile::Budget { ops: 64, bytes: 1 << 20 });
     if chunks.is_empty() {
-        chunks.push(&[]);
+        chunks.push(Vec::new());
     }
     for chunk in chunks {
-        match etcd::write(client, fence, chunk, Some((CLOCK_KEY, now.to_string()))).await? {
+        match etcd::write(client, fence, &chunk, Some((CLOCK_KEY, now.to_string()))).await? {
             Written::Committed(_) => {}
             Written::Refused(_) => return Err(RoundError::Refused),
         }

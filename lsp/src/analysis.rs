@@ -122,11 +122,16 @@ impl Analysis {
             Item::Decl(d) if d.name.name == name => Some(d),
             _ => None,
         })?;
-        let mut s = format!("```rules\n{}\n```", self.sources().slice(decl.span));
-        if let Some(doc) = &decl.doc {
+        Some(self.declaration_hover(decl.span, decl.doc.as_deref()))
+    }
+
+    /// A declaration as written, then its `///` doc.
+    fn declaration_hover(&self, span: Span, doc: Option<&str>) -> String {
+        let mut s = format!("```rules\n{}\n```", self.sources().slice(span));
+        if let Some(doc) = doc {
             s += &format!("\n{doc}");
         }
-        Some(s)
+        s
     }
 
     fn type_hover(&self, name: &str) -> Option<String> {
@@ -144,11 +149,7 @@ impl Analysis {
             Item::Type(t) if t.name.name == name => Some(t),
             _ => None,
         })?;
-        let mut s = format!("```rules\n{}\n```", self.sources().slice(decl.span));
-        if let Some(doc) = &decl.doc {
-            s += &format!("\n{doc}");
-        }
-        Some(s)
+        Some(self.declaration_hover(decl.span, decl.doc.as_deref()))
     }
 
     /// What may be typed at `offset`: types after a column's `:`, otherwise

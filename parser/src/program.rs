@@ -175,11 +175,24 @@ pub const PREEMPT: &[BuiltinArg] = &[
         columns: &[("service", Type::Name), ("spare", Type::Int)],
         doc: "how many instances of a service may be evicted (unlisted: any)",
     },
-    BuiltinArg { role: "restricted", columns: &[("service", Type::Name)], doc: "services that may use only the nodes `allowed` lists" },
-    BuiltinArg { role: "allowed", columns: &[("service", Type::Name), ("node", Type::Name)], doc: "where a restricted service may run" },
-    BuiltinArg { role: "reserved", columns: &[("node", Type::Name)], doc: "nodes only the services `admitted` lists may use" },
-    BuiltinArg { role: "admitted", columns: &[("service", Type::Name), ("node", Type::Name)], doc: "a service that may use a reserved node" },
+    RESTRICTED,
+    ALLOWED,
+    RESERVED,
+    ADMITTED,
 ];
+
+// Where a service may run: the same four arguments for both built-ins.
+const RESTRICTED: BuiltinArg =
+    BuiltinArg { role: "restricted", columns: &[("service", Type::Name)], doc: "services that may use only the nodes `allowed` lists" };
+const ALLOWED: BuiltinArg =
+    BuiltinArg { role: "allowed", columns: &[("service", Type::Name), ("node", Type::Name)], doc: "where a restricted service may run" };
+const RESERVED: BuiltinArg =
+    BuiltinArg { role: "reserved", columns: &[("node", Type::Name)], doc: "nodes only the services `admitted` lists may use (tainted)" };
+const ADMITTED: BuiltinArg = BuiltinArg {
+    role: "admitted",
+    columns: &[("service", Type::Name), ("node", Type::Name)],
+    doc: "a service that may use a reserved node (it tolerates its taints)",
+};
 
 /// Positions of `preempt`'s arguments in [`PREEMPT`].
 pub mod preempt_arg {
@@ -232,14 +245,10 @@ pub const ASSIGN: &[BuiltinArg] = &[
         columns: &[("service", Type::Name), ("node", Type::Name), ("count", Type::Int)],
         doc: "instances of the service already on the node (fewer first)",
     },
-    BuiltinArg { role: "restricted", columns: &[("service", Type::Name)], doc: "services that may use only the nodes `allowed` lists" },
-    BuiltinArg { role: "allowed", columns: &[("service", Type::Name), ("node", Type::Name)], doc: "where a restricted service may run" },
-    BuiltinArg { role: "reserved", columns: &[("node", Type::Name)], doc: "nodes only the services `admitted` lists may use (tainted)" },
-    BuiltinArg {
-        role: "admitted",
-        columns: &[("service", Type::Name), ("node", Type::Name)],
-        doc: "a service that may use a reserved node (it tolerates its taints)",
-    },
+    RESTRICTED,
+    ALLOWED,
+    RESERVED,
+    ADMITTED,
     BuiltinArg {
         role: "hard_spread",
         columns: &[("service", Type::Name), ("key", Type::Name), ("max_skew", Type::Int)],
