@@ -1,7 +1,7 @@
 //! Plans → one differential dataflow. Relations are collections of rows; each
 //! stratum is built in order; recursive strata iterate to a fixed point.
 
-use crate::plan::{compare, AtomFilter, RulePlan, Step};
+use crate::plan::{compare, AtomFilter, CExpr, CHead, RulePlan, Step};
 use crate::value::{Row, Value};
 use ccattler_parser::program::{Builtin, Program, RelId};
 use differential_dataflow::lattice::Lattice;
@@ -234,6 +234,37 @@ fn distinct_with_trace(rows: Coll<'_, u64>) -> (Coll<'_, u64>, QueryTrace) {
     (arranged.as_collection(|row, _| row.clone()), trace)
 }
 
+/// Whether a rule's head rows are a set whenever the relations it scans and
+/// joins are: every position of every positive atom is a variable or a
+/// constant (no `_`, so a binding determines the atom rows it came from and
+/// each is in its relation once), and the head keeps every variable an atom
+/// or a range binds (assigned ones are functions of the rest), so two
+/// bindings never give one head row. Such a relation needs no `distinct`.
+///
+/// ```text
+/// view_image(n, i, img) :- placed_version(n, i, s, v), template_image(s, v, img).
+/// ```
+/// is one (each head row names the one pair of rows behind it); dropping `s`
+/// or `v` from the head would not be.
+fn yields_set(plan: &RulePlan, sets: &std::collections::BTreeSet<RelId>, arity: impl Fn(RelId) -> usize) -> bool {
+    let mut must_keep = Vec::new();
+    for step in &plan.steps {
+        match step {
+            Step::Join { rel, filter, key, bind } => {
+                let covered = filter.consts.len() + filter.eqs.len() + key.len() + bind.len();
+                if !sets.contains(rel) || covered != arity(*rel) {
+                    return false;
+                }
+                must_keep.extend(bind.iter().map(|(_, v)| *v));
+            }
+            Step::Range { var, .. } => must_keep.push(*var),
+            Step::AntiJoin { .. } | Step::Filter { .. } | Step::Assign { .. } => {}
+        }
+    }
+    let kept: Vec<usize> = plan.head_terms.iter().filter_map(|h| if let CHead::Expr(CExpr::Var(v)) = h { Some(*v) } else { None }).collect();
+    !plan.has_aggregate() && must_keep.iter().all(|v| kept.contains(v))
+}
+
 fn tag<'s, T: Timestamp + Lattice + Ord>(rule: usize, rows: Coll<'s, T>) -> Coll<'s, T> {
     rows.map(move |row| std::iter::once(Value::Int(rule as i64)).chain(row).collect())
 }
@@ -244,6 +275,10 @@ pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<Rel
     let is_output = |rel: RelId| program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
     let mut attributed = BTreeMap::new();
     let mut traces = BTreeMap::new();
+    // Relations known to hold each row once: inputs (a key gives one row, and
+    // a row renders to one key), and what `distinct` or an aggregate makes.
+    let mut sets: std::collections::BTreeSet<RelId> = inputs.keys().copied().collect();
+    let arity = |rel: RelId| program.relations[rel].arity();
     let mut top = Scope { rels: inputs, unit, arranged: BTreeMap::new() };
     for stratum in &program.strata {
         let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| !top.rels.contains_key(r)).collect();
@@ -272,9 +307,12 @@ pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<Rel
                     attributed.insert(rel, differential_dataflow::collection::concatenate(top.unit.scope(), tagged));
                 }
                 let single_aggregate = parts.len() == 1 && rules_of(rel).all(|p| p.has_aggregate());
+                let single_set = parts.len() == 1 && rules_of(rel).all(|p| yields_set(p, &sets, arity));
                 let all = differential_dataflow::collection::concatenate(top.unit.scope(), parts);
-                // One aggregate rule already yields one row per group.
-                let rel_coll = if single_aggregate {
+                sets.insert(rel);
+                // One aggregate rule already yields one row per group, and
+                // some rules a set (the runtime arranges it for queries).
+                let rel_coll = if single_aggregate || single_set {
                     all
                 } else {
                     let (coll, trace) = distinct_with_trace(all);
@@ -308,6 +346,7 @@ pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<Rel
             }
             results
         });
+        sets.extend(results.iter().map(|(rel, _)| *rel));
         top.rels.extend(results);
         // Attribution of a recursive output: a row comes from rule r exactly
         // when r's body matches the fixed point, so evaluate each rule once more
@@ -318,4 +357,46 @@ pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<Rel
         }
     }
     Built { relations: top.rels, attributed, traces }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which rules skip `distinct`: only those whose head rows name the one
+    /// binding, and so the one combination of set rows, behind them.
+    #[test]
+    fn only_rules_whose_head_names_its_binding_yield_a_set() {
+        let text = "input a(x: name, y: int) from \"a/{x}\"\ninput b(y: int, z: name) from \"b/{y}/{z}\"\n\
+                    relation whole(x: name, y: int, z: name)\nrelation dropped(x: name)\nrelation wild(x: name, y: int)\n\
+                    relation assigned(x: name, y: int, w: int)\nrelation negated(x: name, y: int)\nrelation counted(x: name, n: int)\n\
+                    relation ranged(x: name, y: int, i: int)\nrelation on_derived(x: name)\n\
+                    whole(x, y, z) :- a(x, y), b(y, z).\n\
+                    dropped(x) :- a(x, y), b(y, _).\n\
+                    wild(x, y) :- a(x, y), b(y, _).\n\
+                    assigned(x, y, w) :- a(x, y), w = y * 2.\n\
+                    negated(x, y) :- a(x, y), not b(y, \"q\").\n\
+                    counted(x, count()) :- a(x, y), b(y, z).\n\
+                    ranged(x, y, i) :- a(x, y), i in 0..y.\n\
+                    on_derived(x) :- dropped(x).\n";
+        let checked = ccattler_parser::check_str("t.rules", text);
+        let program = checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render()));
+        let plans = crate::plan::plan(&program);
+        let inputs: std::collections::BTreeSet<RelId> = program.inputs().map(|(r, _)| r).collect();
+        let set = |name: &str, sets: &std::collections::BTreeSet<RelId>| {
+            let rel = program.relation(name).unwrap();
+            yields_set(plans.iter().find(|p| p.head == rel).unwrap(), sets, |r| program.relations[r].arity())
+        };
+        assert!(set("whole", &inputs));
+        assert!(!set("dropped", &inputs), "y is dropped: two a rows with one x give one head row");
+        assert!(!set("wild", &inputs), "`_`: two b rows with one y give one binding");
+        assert!(set("assigned", &inputs), "w is a function of the binding");
+        assert!(set("negated", &inputs));
+        assert!(!set("counted", &inputs), "aggregates are handled apart");
+        assert!(set("ranged", &inputs));
+        assert!(!set("on_derived", &inputs), "dropped is not known to be a set");
+        let mut with_dropped = inputs.clone();
+        with_dropped.insert(program.relation("dropped").unwrap());
+        assert!(set("on_derived", &with_dropped));
+    }
 }

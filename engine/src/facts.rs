@@ -203,14 +203,17 @@ impl InputFacts {
             return;
         }
         let decoded = decode(program, key, value);
-        self.remove(program, key, out);
         match decoded {
-            Ok(tuples) if tuples.is_empty() => {}
+            // Not an input: never among the facts (the patterns do not
+            // change), though it may have been rejected (too big a value).
+            Ok(tuples) if tuples.is_empty() => self.remove_rejection(program, key, out),
             Ok(tuples) => {
+                self.remove(program, key, out);
                 out.extend(tuples.into_iter().map(|(rel, row)| (rel, row, 1)));
                 self.facts.insert(key.to_string(), Fact { value: value.to_string(), mod_revision: rev });
             }
             Err(r) => {
+                self.remove(program, key, out);
                 let record = rejection_record(key);
                 let tuples = decode(program, &record, &r.reason).unwrap_or_default();
                 if !tuples.is_empty() {
@@ -230,17 +233,22 @@ impl InputFacts {
     }
 
     fn remove(&mut self, program: &Program, key: &str, out: &mut Vec<Change>) {
+        self.remove_rejection(program, key, out);
+        if let Some(old) = self.facts.remove(key) {
+            // It decoded when it was stored, and decoding is deterministic.
+            let tuples = decode(program, key, &old.value).unwrap_or_default();
+            out.extend(tuples.into_iter().map(|(rel, row)| (rel, row, -1)));
+        }
+    }
+
+    /// Forgets that `key` was rejected, if it was.
+    fn remove_rejection(&mut self, program: &Program, key: &str, out: &mut Vec<Change>) {
         if self.rejected.contains_key(key) && std::sync::Arc::make_mut(&mut self.rejected).remove(key).is_some() {
             // Its record's tuples leave with it.
             let record = rejection_record(key);
             if let Some(old) = self.facts.remove(&record) {
                 out.extend(decode(program, &record, &old.value).unwrap_or_default().into_iter().map(|(rel, row)| (rel, row, -1)));
             }
-        }
-        if let Some(old) = self.facts.remove(key) {
-            // It decoded when it was stored, and decoding is deterministic.
-            let tuples = decode(program, key, &old.value).unwrap_or_default();
-            out.extend(tuples.into_iter().map(|(rel, row)| (rel, row, -1)));
         }
     }
 

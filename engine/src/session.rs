@@ -5,7 +5,7 @@
 use crate::facts::{is_output_key, Conflict, InputFacts, OutputFacts, REJECTED, REJECTED_DERIVED};
 use crate::runtime::{Engine, EngineError};
 use ccattler_parser::program::Program;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// How many write-back rounds settle may take before it gives up.
@@ -19,13 +19,23 @@ pub enum SessionError {
     NoFixedPoint(String),
 }
 
+/// Who writes a revision.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Writer {
+    /// A user, a test, an agent: anything may differ from what is derived.
+    Outside,
+    /// The write-back: the derived value of each key it writes.
+    WriteBack,
+}
+
 /// A write: `Some(value)` puts, `None` deletes.
 pub type Write = (String, Option<String>);
 
 pub struct Session {
     engine: Engine,
     /// What the simulated store holds under output patterns.
-    stored_outputs: BTreeMap<String, String>,
+    /// (Looked up by key only: a hash map, as keys share long prefixes.)
+    stored_outputs: HashMap<String, String, foldhash::fast::RandomState>,
     /// The rejection records it holds (`status/rejected/K`), written back
     /// as the controller writes them.
     stored_records: BTreeMap<String, String>,
@@ -45,7 +55,7 @@ impl Session {
     pub fn new(program: Arc<Program>, workers: usize) -> Result<Session, SessionError> {
         Ok(Session {
             engine: Engine::start(program, workers)?,
-            stored_outputs: BTreeMap::new(),
+            stored_outputs: HashMap::default(),
             stored_records: BTreeMap::new(),
             inputs: InputFacts::default(),
             outputs: OutputFacts::default(),
@@ -70,7 +80,7 @@ impl Session {
     /// the bridge does) until the store holds exactly the derived outputs.
     pub fn write(&mut self, writes: &[Write]) -> Result<(), SessionError> {
         let start = std::time::Instant::now();
-        let mut dirty = self.apply(writes)?;
+        let mut dirty = self.apply(writes, Writer::Outside)?;
         self.last_first_diff = start.elapsed();
         self.last_writes = 0;
         for round in 0..MAX_ROUNDS {
@@ -80,9 +90,11 @@ impl Session {
                 self.last_rounds = round;
                 return Ok(());
             }
-            dirty = self.apply(&back)?;
+            dirty = self.apply(&back, Writer::WriteBack)?;
         }
-        let pending: Vec<String> = self.reconcile(&dirty).into_iter().take(5).map(|(k, _)| k).collect();
+        let mut pending: Vec<String> = self.reconcile(&dirty).into_iter().map(|(k, _)| k).collect();
+        pending.sort_unstable();
+        pending.truncate(5);
         Err(SessionError::NoFixedPoint(pending.join(", ")))
     }
 
@@ -112,13 +124,15 @@ impl Session {
     }
 
     /// One revision: store the writes, run the engine; returns the keys that
-    /// may now need writing back.
-    fn apply(&mut self, writes: &[Write]) -> Result<BTreeSet<String>, SessionError> {
+    /// may now need writing back, each once: those the engine's diffs touch,
+    /// and output keys written from outside (the write-back writes what
+    /// is derived, so its keys match until the engine changes them).
+    fn apply(&mut self, writes: &[Write], writer: Writer) -> Result<Vec<String>, SessionError> {
         self.rev += 1;
         let rev = self.rev;
         let program = self.engine.program().clone();
         let mut changes = Vec::new();
-        let mut dirty = BTreeSet::new();
+        let mut dirty = Vec::new();
         for (key, value) in writes {
             match value {
                 Some(v) => self.inputs.put(&program, key, v, rev, &mut changes),
@@ -129,7 +143,9 @@ impl Session {
                     Some(v) => self.stored_outputs.insert(key.clone(), v.clone()),
                     None => self.stored_outputs.remove(key),
                 };
-                dirty.insert(key.clone());
+                if writer == Writer::Outside {
+                    dirty.push(key.clone());
+                }
             } else if key.starts_with(REJECTED) {
                 match value {
                     Some(v) => self.stored_records.insert(key.clone(), v.clone()),
@@ -137,15 +153,26 @@ impl Session {
                 };
             }
         }
-        let diffs = self.engine.apply(rev, changes)?;
-        dirty.extend(self.outputs.apply(&program, &diffs));
+        // As the controller does: the output diffs are counted while the
+        // workers still run, and resolved once all are in.
+        let mut touched = Vec::new();
+        let outputs = &mut self.outputs;
+        self.engine.apply_streaming(vec![(rev, changes)], |part| outputs.count(&program, &part, &mut touched))?;
+        self.outputs.resolve_all(&program, &touched);
+        dirty.extend(touched);
+        let first: Vec<bool> = {
+            let mut seen = std::collections::HashSet::with_capacity_and_hasher(dirty.len(), foldhash::fast::RandomState::default());
+            dirty.iter().map(|k| seen.insert(k.as_str())).collect()
+        };
+        let mut first = first.into_iter();
+        dirty.retain(|_| first.next() == Some(true));
         Ok(dirty)
     }
 
     /// For the given keys, the writes that make the store equal the derived
     /// outputs: puts for missing or different values, deletes for keys nothing
     /// derives (a conflicted key is left as it is).
-    fn reconcile(&self, keys: &BTreeSet<String>) -> Vec<Write> {
+    fn reconcile(&self, keys: &[String]) -> Vec<Write> {
         let mut writes = Vec::new();
         // Rejection records, as the controller keeps them (there are few).
         for (key, why) in self.inputs.rejected.iter() {

@@ -3,28 +3,122 @@
 
 use ccattler_parser::ast::Type;
 use ccattler_parser::program::Const;
-use lasso::{Spur, ThreadedRodeo};
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
-use std::sync::OnceLock;
 
-fn interner() -> &'static ThreadedRodeo {
-    static INTERNER: OnceLock<ThreadedRodeo> = OnceLock::new();
-    INTERNER.get_or_init(ThreadedRodeo::new)
-}
+/// An interned string: a pointer to its text, stored once per process and
+/// never freed. Equality and hashing are by identity; `Ord` is by address,
+/// which is only good for the dataflow's own sorting — use
+/// [`Value::cmp_text`] for anything a user can see. Reading the text is a
+/// pointer dereference (the built-ins compare names by text in their inner
+/// loops), and interning takes one lock of one of many shards.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Sym(std::ptr::NonNull<u8>);
 
-/// An interned string. Equality is identity; `Ord` is by interning order, which
-/// is only good for the dataflow's own sorting — use [`Value::cmp_text`] for
-/// anything a user can see.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Sym(Spur);
+// SAFETY: a `Sym` points to bytes that are written once, before the `Sym`
+// exists, and never changed or freed.
+unsafe impl Send for Sym {}
+unsafe impl Sync for Sym {}
 
 impl Sym {
     pub fn new(s: &str) -> Sym {
-        Sym(interner().get_or_intern(s))
+        intern::get_or_intern(s)
     }
     pub fn as_str(self) -> &'static str {
-        interner().resolve(&self.0)
+        // SAFETY: `intern` wrote the length, then that many bytes of UTF-8,
+        // at this address, and never frees or changes them.
+        unsafe {
+            let len = self.0.as_ptr().cast::<usize>().read_unaligned();
+            std::str::from_utf8_unchecked(std::slice::from_raw_parts(self.0.as_ptr().add(intern::HEADER), len))
+        }
+    }
+}
+
+impl Serialize for Sym {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Sym {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Sym, D::Error> {
+        let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        Ok(Sym::new(&s))
+    }
+}
+
+/// The process's string table: shards of (text → its `Sym`), each with an
+/// arena its texts are copied into (length first, then the bytes).
+mod intern {
+    use super::Sym;
+    use std::hash::{BuildHasher, Hash, Hasher};
+    use std::ptr::NonNull;
+    use std::sync::{Mutex, OnceLock};
+
+    /// Bytes before a text: its length.
+    pub const HEADER: usize = std::mem::size_of::<usize>();
+    const SHARDS: usize = 64;
+    /// Arena chunks; a text too big for a tenth of one gets its own.
+    const CHUNK: usize = 256 << 10;
+
+    /// A `Sym` in the table, hashed and compared by its text.
+    struct ByText(Sym);
+    impl Hash for ByText {
+        fn hash<H: Hasher>(&self, h: &mut H) {
+            self.0.as_str().hash(h)
+        }
+    }
+    impl PartialEq for ByText {
+        fn eq(&self, o: &Self) -> bool {
+            self.0 == o.0
+        }
+    }
+    impl Eq for ByText {}
+    impl std::borrow::Borrow<str> for ByText {
+        fn borrow(&self) -> &str {
+            self.0.as_str()
+        }
+    }
+
+    #[derive(Default)]
+    struct Shard {
+        table: std::collections::HashSet<ByText, foldhash::fast::FixedState>,
+        /// The unused tail of the current chunk.
+        free: &'static mut [u8],
+    }
+
+    type Table = [Mutex<Shard>; SHARDS];
+    fn table() -> &'static Table {
+        static TABLE: OnceLock<Table> = OnceLock::new();
+        TABLE.get_or_init(|| std::array::from_fn(|_| Mutex::default()))
+    }
+
+    pub fn get_or_intern(s: &str) -> Sym {
+        let shard = foldhash::fast::FixedState::with_seed(0x5eed).hash_one(s) as usize % SHARDS;
+        // A panic while holding the lock cannot leave the table half-changed
+        // (an insert of a complete entry is the only change), so a poisoned
+        // lock is still good.
+        let mut shard = table()[shard].lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = shard.table.get(s) {
+            return found.0;
+        }
+        let need = HEADER + s.len();
+        let place: &'static mut [u8] = if need > CHUNK / 10 {
+            Box::leak(vec![0u8; need].into_boxed_slice())
+        } else {
+            if shard.free.len() < need {
+                shard.free = Box::leak(vec![0u8; CHUNK].into_boxed_slice());
+            }
+            let free = std::mem::take(&mut shard.free);
+            let (place, rest) = free.split_at_mut(need);
+            shard.free = rest;
+            place
+        };
+        place[..HEADER].copy_from_slice(&s.len().to_ne_bytes());
+        place[HEADER..].copy_from_slice(s.as_bytes());
+        let sym = Sym(NonNull::from(place).cast::<u8>());
+        shard.table.insert(ByText(sym));
+        sym
     }
 }
 
@@ -133,6 +227,24 @@ pub fn cmp_rows(a: &[Value], b: &[Value]) -> Ordering {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interning_gives_one_sym_per_text_and_gives_the_text_back() {
+        let long = "x".repeat(100_000);
+        for s in ["", "web", "ü-ñ ✓", long.as_str()] {
+            let a = Sym::new(s);
+            assert_eq!(a.as_str(), s);
+            assert_eq!(Sym::new(String::from(s).as_str()), a);
+        }
+        assert_ne!(Sym::new("web"), Sym::new("web-0"));
+        // From many threads at once: still one Sym per text.
+        let syms: Vec<Vec<Sym>> = std::thread::scope(|t| {
+            let hs: Vec<_> = (0..4).map(|_| t.spawn(|| (0..2000).map(|i| Sym::new(&format!("concurrent-{i}"))).collect())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(syms.iter().all(|s| *s == syms[0]));
+        assert!(syms[0].iter().enumerate().all(|(i, s)| s.as_str() == format!("concurrent-{i}")));
+    }
 
     #[test]
     fn text_order_is_by_content_not_interning() {

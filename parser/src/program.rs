@@ -385,14 +385,21 @@ pub struct Program {
     pub keys: KeyIndex,
 }
 
-/// Relations with a key pattern by the shape of the keys they can match (the
-/// number of segments, and the first one when it is literal), so a key is
-/// tried only against the patterns that could match it.
+/// Relations with a key pattern in a trie of their segments: a key walks it
+/// segment by segment (a literal child, and a placeholder child), so it is
+/// tried only against the patterns whose every literal it has, in one pass
+/// over the key, whatever the number of patterns.
 #[derive(Clone, Debug, Default)]
 pub struct KeyIndex {
-    by_first: HashMap<usize, HashMap<String, Vec<RelId>>>,
-    /// Patterns that start with a placeholder, by segment count.
-    by_length: HashMap<usize, Vec<RelId>>,
+    root: KeyNode,
+}
+
+#[derive(Clone, Debug, Default)]
+struct KeyNode {
+    literal: HashMap<String, KeyNode, foldhash::fast::RandomState>,
+    placeholder: Option<Box<KeyNode>>,
+    /// Relations whose pattern ends here.
+    ends: Vec<RelId>,
 }
 
 impl KeyIndex {
@@ -400,24 +407,35 @@ impl KeyIndex {
         let mut index = KeyIndex::default();
         for (id, r) in relations.iter().enumerate() {
             let Some(p) = &r.pattern else { continue };
-            match p.segments.first() {
-                Some(Segment::Lit(first)) => index.by_first.entry(p.segments.len()).or_default().entry(first.clone()).or_default().push(id),
-                Some(Segment::Col(_)) => index.by_length.entry(p.segments.len()).or_default().push(id),
-                None => {}
+            let mut node = &mut index.root;
+            for seg in &p.segments {
+                node = match seg {
+                    Segment::Lit(l) => node.literal.entry(l.clone()).or_default(),
+                    Segment::Col(_) => node.placeholder.get_or_insert_with(Default::default),
+                };
             }
+            node.ends.push(id);
         }
         index
     }
 
-    /// Every relation whose pattern may match `key`, each once (a superset of
-    /// those that do: the caller still matches the pattern).
-    pub fn relations_for<'a>(&'a self, key: &str) -> impl Iterator<Item = RelId> + 'a {
-        let mut segments = key.split('/');
-        let first = segments.next().unwrap_or("");
-        let len = 1 + segments.count();
-        let literal = self.by_first.get(&len).and_then(|m| m.get(first)).map_or(&[][..], Vec::as_slice);
-        let placeholder = self.by_length.get(&len).map_or(&[][..], Vec::as_slice);
-        literal.iter().chain(placeholder).copied()
+    /// Every relation whose pattern may match `key`, each once, in the order
+    /// they are declared: those whose literals the key has at their places
+    /// (the caller still matches the pattern: a placeholder may be empty).
+    pub fn relations_for(&self, key: &str) -> impl Iterator<Item = RelId> {
+        fn walk(n: &KeyNode, mut parts: std::str::Split<'_, char>, found: &mut Vec<RelId>) {
+            let Some(part) = parts.next() else { return found.extend_from_slice(&n.ends) };
+            if let Some(lit) = n.literal.get(part) {
+                walk(lit, parts.clone(), found);
+            }
+            if let Some(p) = &n.placeholder {
+                walk(p, parts, found);
+            }
+        }
+        let mut found = Vec::new();
+        walk(&self.root, key.split('/'), &mut found);
+        found.sort_unstable();
+        found.into_iter()
     }
 }
 
@@ -473,8 +491,11 @@ mod tests {
         assert_eq!(rels("observed/thing/x"), ["d"]);
         assert_eq!(rels("effective/service/web/cpu"), ["e"]);
         assert_eq!(rels("any/thing/x"), ["d"]);
-        // A superset: d's pattern is tried (and fails on `thing`), a and b are not.
-        assert_eq!(rels("desired/service/web"), ["d"]);
+        // Only patterns whose literals the key has: d needs `thing` second.
+        assert_eq!(rels("desired/service/web"), Vec::<String>::new());
+        assert_eq!(rels("desired/thing/web"), ["d"]);
+        // An empty segment still reaches a placeholder (decoding says it is empty).
+        assert_eq!(rels("desired/service//cpu"), ["a"]);
         assert!(rels("").is_empty());
     }
 }

@@ -92,7 +92,10 @@ impl<'a> Db<'a> {
         if self.loaded.borrow().contains_key(&rel) {
             return Ok(());
         }
-        let rows = (self.source)(rel)?;
+        // In the order users read (the engine's own order of strings is
+        // arbitrary), so an explanation reads the same every time.
+        let mut rows = (self.source)(rel)?;
+        rows.sort_by(|a, b| crate::value::cmp_rows(a, b));
         let set = rows.iter().cloned().collect();
         self.loaded.borrow_mut().insert(rel, Loaded { rows: Rc::new(rows), set, indexes: HashMap::new() });
         Ok(())
@@ -129,7 +132,9 @@ impl<'a> Db<'a> {
                     return Ok(rows.to_vec());
                 }
                 if let Some(rows) = some(rel, &bound) {
-                    let rows = Rc::new(rows?);
+                    let mut rows = rows?;
+                    rows.sort_by(|a, b| crate::value::cmp_rows(a, b));
+                    let rows = Rc::new(rows);
                     self.looked_up.borrow_mut().insert((rel, bound), rows.clone());
                     return Ok(rows.to_vec());
                 }
