@@ -420,7 +420,9 @@ impl WhyNotCx<'_, '_> {
             round.args.push(self.db.rows(rel(x))?.iter().cloned().collect());
         }
         let int = |v: &Value| v.as_int().unwrap_or(0);
-        let needs: BTreeMap<Value, i64> = round.arg(a::NEED).iter().filter(|r| r[0] == service).map(|r| (r[1], int(&r[2]))).collect();
+        // By resource name (the engine's own order of strings is arbitrary).
+        let mut needs: Vec<(Value, i64)> = round.arg(a::NEED).iter().filter(|r| r[0] == service).map(|r| (r[1], int(&r[2]))).collect();
+        needs.sort_by(|a, b| a.0.cmp_text(&b.0));
         out.pending = Some(format!(
             "{}{}",
             row_text(program, rel(a::PENDING), &p),
