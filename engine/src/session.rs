@@ -132,32 +132,43 @@ impl Session {
         let rev = self.rev;
         let program = self.engine.program().clone();
         let mut changes = Vec::new();
-        let mut dirty = Vec::new();
         for (key, value) in writes {
             match value {
                 Some(v) => self.inputs.put(&program, key, v, rev, &mut changes),
                 None => self.inputs.delete(&program, key, &mut changes),
             }
-            if is_output_key(&program, key) {
-                match value {
-                    Some(v) => self.stored_outputs.insert(key.clone(), v.clone()),
-                    None => self.stored_outputs.remove(key),
-                };
-                if writer == Writer::Outside {
-                    dirty.push(key.clone());
-                }
-            } else if key.starts_with(REJECTED) {
-                match value {
-                    Some(v) => self.stored_records.insert(key.clone(), v.clone()),
-                    None => self.stored_records.remove(key),
-                };
-            }
         }
-        // As the controller does: the output diffs are counted while the
-        // workers still run, and resolved once all are in.
+        // The store's side of the writes, on a thread of its own while the
+        // engine runs; as the controller does, the output diffs are counted
+        // while the workers still run, and resolved once all are in.
+        let (stored_outputs, stored_records) = (&mut self.stored_outputs, &mut self.stored_records);
+        let (engine, outputs) = (&mut self.engine, &mut self.outputs);
         let mut touched = Vec::new();
-        let outputs = &mut self.outputs;
-        self.engine.apply_streaming(vec![(rev, changes)], |part| outputs.count(&program, &part, &mut touched))?;
+        let (mut dirty, evaluated) = std::thread::scope(|s| {
+            let store = s.spawn(|| {
+                let mut dirty = Vec::new();
+                for (key, value) in writes {
+                    if is_output_key(&program, key) {
+                        match value {
+                            Some(v) => stored_outputs.insert(key.clone(), v.clone()),
+                            None => stored_outputs.remove(key),
+                        };
+                        if writer == Writer::Outside {
+                            dirty.push(key.clone());
+                        }
+                    } else if key.starts_with(REJECTED) {
+                        match value {
+                            Some(v) => stored_records.insert(key.clone(), v.clone()),
+                            None => stored_records.remove(key),
+                        };
+                    }
+                }
+                dirty
+            });
+            let evaluated = engine.apply_streaming(vec![(rev, changes)], |part| outputs.count(&program, &part, &mut touched));
+            (store.join().expect("the store's bookkeeping does not panic"), evaluated)
+        });
+        evaluated?;
         self.outputs.resolve_all(&program, &touched);
         dirty.extend(touched);
         let first: Vec<bool> = {
