@@ -58,8 +58,9 @@ mod intern {
     /// Bytes before a text: its length.
     pub const HEADER: usize = std::mem::size_of::<usize>();
     const SHARDS: usize = 64;
-    /// Arena chunks; a text too big for a tenth of one gets its own.
-    const CHUNK: usize = 256 << 10;
+    /// Arena chunks (64 KiB a shard at least, once a shard is used: 4 MiB in
+    /// all); a text too big for a tenth of one gets its own.
+    const CHUNK: usize = 64 << 10;
 
     /// A `Sym` in the table, hashed and compared by its text.
     struct ByText(Sym);
