@@ -370,8 +370,6 @@ fn drain(session: &mut Session, p: &Params) {
     let mut reported = std::collections::HashMap::new();
     let w = agents_catch_up(session, &all, &mut reported);
     session.write(&w).expect("reports");
-    let on_node = on.len();
-    let on = all;
     let t = Instant::now();
     let mut steps = 0;
     let mut w = vec![(format!("desired/node/{node}/drain"), Some("true".to_string()))];
@@ -385,7 +383,7 @@ fn drain(session: &mut Session, p: &Params) {
         if state(session) == "drained" {
             break;
         }
-        w = agents_catch_up(session, &on, &mut reported);
+        w = agents_catch_up(session, &all, &mut reported);
         if w.is_empty() || steps >= 1000 {
             let why: Vec<_> = session.derived().range(format!("status/drain/{node}/")..).take_while(|(k, _)| k.starts_with("status/drain/")).collect();
             panic!("the drain is stuck: {}: {why:?}", state(session));
@@ -393,7 +391,7 @@ fn drain(session: &mut Session, p: &Params) {
     }
     println!(
         "drain of {node} with {} instances (instant readiness): drained after {steps} steps, engine time {:.2} s ({:.2} s with the bench's own bookkeeping)",
-        on_node,
+        on.len(),
         engine.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );

@@ -5,7 +5,7 @@
 use crate::facts::{is_output_key, Conflict, InputFacts, OutputFacts, REJECTED, REJECTED_DERIVED};
 use crate::runtime::{Engine, EngineError};
 use ccattler_parser::program::Program;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// How many write-back rounds settle may take before it gives up.
@@ -17,6 +17,42 @@ pub enum SessionError {
     Engine(#[from] EngineError),
     #[error("the rules did not reach a fixed point after {MAX_ROUNDS} write-back rounds; still changing: {0}")]
     NoFixedPoint(String),
+}
+
+/// Revisions with at least this many writes keep the store's side of them
+/// on a thread of their own while the engine evaluates them.
+const STORE_THREAD_WRITES: usize = 10_000;
+
+/// The simulated store's side of a revision.
+struct Store<'a> {
+    outputs: &'a mut HashMap<String, String, foldhash::fast::RandomState>,
+    records: &'a mut BTreeMap<String, String>,
+}
+
+impl Store<'_> {
+    /// Stores the writes to output keys and rejection records; returns the
+    /// output keys written from outside (the write-back writes what is
+    /// derived, so its keys match until the engine changes them).
+    fn write(self, program: &Program, writes: &[Write], writer: Writer) -> Vec<String> {
+        let mut dirty = Vec::new();
+        for (key, value) in writes {
+            if is_output_key(program, key) {
+                match value {
+                    Some(v) => self.outputs.insert(key.clone(), v.clone()),
+                    None => self.outputs.remove(key),
+                };
+                if writer == Writer::Outside {
+                    dirty.push(key.clone());
+                }
+            } else if key.starts_with(REJECTED) {
+                match value {
+                    Some(v) => self.records.insert(key.clone(), v.clone()),
+                    None => self.records.remove(key),
+                };
+            }
+        }
+        dirty
+    }
 }
 
 /// Who writes a revision.
@@ -138,46 +174,28 @@ impl Session {
                 None => self.inputs.delete(&program, key, &mut changes),
             }
         }
-        // The store's side of the writes, on a thread of its own while the
-        // engine runs; as the controller does, the output diffs are counted
-        // while the workers still run, and resolved once all are in.
-        let (stored_outputs, stored_records) = (&mut self.stored_outputs, &mut self.stored_records);
+        // As the controller does, the output diffs are counted while the
+        // workers still run, and resolved once all are in. The store's side
+        // of a large revision is kept on a thread of its own meanwhile (a
+        // small one is not worth a thread).
+        let store = Store { outputs: &mut self.stored_outputs, records: &mut self.stored_records };
         let (engine, outputs) = (&mut self.engine, &mut self.outputs);
         let mut touched = Vec::new();
-        let (mut dirty, evaluated) = std::thread::scope(|s| {
-            let store = s.spawn(|| {
-                let mut dirty = Vec::new();
-                for (key, value) in writes {
-                    if is_output_key(&program, key) {
-                        match value {
-                            Some(v) => stored_outputs.insert(key.clone(), v.clone()),
-                            None => stored_outputs.remove(key),
-                        };
-                        if writer == Writer::Outside {
-                            dirty.push(key.clone());
-                        }
-                    } else if key.starts_with(REJECTED) {
-                        match value {
-                            Some(v) => stored_records.insert(key.clone(), v.clone()),
-                            None => stored_records.remove(key),
-                        };
-                    }
-                }
-                dirty
-            });
-            let evaluated = engine.apply_streaming(vec![(rev, changes)], |part| outputs.count(&program, &part, &mut touched));
-            (store.join().expect("the store's bookkeeping does not panic"), evaluated)
-        });
+        let evaluate = || engine.apply_streaming(vec![(rev, changes)], |part| outputs.count(&program, &part, &mut touched));
+        let (written, evaluated) = if writes.len() < STORE_THREAD_WRITES {
+            (store.write(&program, writes, writer), evaluate())
+        } else {
+            std::thread::scope(|s| {
+                let store = s.spawn(|| store.write(&program, writes, writer));
+                let evaluated = evaluate();
+                (store.join().expect("the store's bookkeeping does not panic"), evaluated)
+            })
+        };
         evaluated?;
         self.outputs.resolve_all(&program, &touched);
-        dirty.extend(touched);
-        let first: Vec<bool> = {
-            let mut seen = std::collections::HashSet::with_capacity_and_hasher(dirty.len(), foldhash::fast::RandomState::default());
-            dirty.iter().map(|k| seen.insert(k.as_str())).collect()
-        };
-        let mut first = first.into_iter();
-        dirty.retain(|_| first.next() == Some(true));
-        Ok(dirty)
+        // Each once; reconciling does not depend on the order.
+        let dirty: HashSet<String, foldhash::fast::RandomState> = written.into_iter().chain(touched).collect();
+        Ok(dirty.into_iter().collect())
     }
 
     /// For the given keys, the writes that make the store equal the derived
