@@ -40,6 +40,37 @@ fn check_reports_errors_with_location_and_exit_1() {
 }
 
 #[test]
+fn check_refuses_twenty_thousand_nested_parentheses_with_a_diagnostic_not_a_crash() {
+    let dir = tempdir("check-deep");
+    let file = dir.join("deep.rules");
+    let n = 20_000;
+    std::fs::write(&file, format!("output b(x: int) to \"effective/b/{{x}}\"\nb(x) :- x = {}1{}.\n", "(".repeat(n), ")".repeat(n))).unwrap();
+    let facts = dir.join("facts");
+    std::fs::write(&facts, "").unwrap();
+    let (file, facts) = (file.to_str().unwrap(), facts.to_str().unwrap());
+    for args in [vec!["check", file], vec!["eval", "--rules", file, "--facts", facts], vec!["test", "--rules", file, facts]] {
+        let out = ccattler(&args);
+        let err = text(&out.stderr);
+        assert!(err.contains("deep.rules:2:") && err.contains("nested at most"), "{args:?}: {err}");
+        assert!(!out.status.success(), "{args:?}");
+    }
+}
+
+#[test]
+fn an_expression_as_deep_as_allowed_checks_and_evaluates() {
+    let dir = tempdir("eval-deep");
+    let file = dir.join("deep.rules");
+    // `(1 + (1 + … (1 + 0)))`: each level is a parenthesis and a `+`.
+    let levels = ccattler_parser::syntax::MAX_NESTING / 2 - 1;
+    std::fs::write(&file, format!("output b(x: int) to \"effective/b/{{x}}\"\nb(x) :- x = {}0{}.\n", "(1 + ".repeat(levels), ")".repeat(levels))).unwrap();
+    let facts = dir.join("facts");
+    std::fs::write(&facts, "").unwrap();
+    let out = ccattler(&["eval", "--rules", file.to_str().unwrap(), "--facts", facts.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!("effective/b/{levels}")), "{}", text(&out.stdout));
+}
+
+#[test]
 fn check_names_a_missing_path_and_exits_2() {
     let out = ccattler(&["check", "no/such/dir"]);
     assert_eq!(out.status.code(), Some(2));

@@ -140,7 +140,7 @@ async fn two_controllers_one_writes_and_the_standby_takes_over_after_kill_9() {
 }
 
 #[tokio::test]
-async fn sighup_with_broken_rules_keeps_the_old_rules_and_good_rules_replace_them() {
+async fn sighup_with_broken_or_too_deeply_nested_rules_keeps_the_old_rules_and_good_rules_replace_them() {
     let _serial = serial();
     let mut etcd = fresh_etcd().await;
     let dir = fresh_dir("sighup-rules");
@@ -154,6 +154,12 @@ async fn sighup_with_broken_rules_keeps_the_old_rules_and_good_rules_replace_the
     std::fs::write(dir.join("broken.rules"), "output x(a: int) to \"x/{a}\"\nx(a) :- nothing(a).\n").unwrap();
     c.signal("-HUP");
     wait_for("the reload is refused", T, || async { c.log().contains("reload refused") }).await;
+    // A file nested 20,000 deep is refused the same way, never a stack overflow.
+    let n = 20_000;
+    std::fs::write(dir.join("broken.rules"), format!("output x(a: int) to \"status/x/{{a}}\"\nx(a) :- a = {}1{}.\n", "(".repeat(n), ")".repeat(n))).unwrap();
+    c.signal("-HUP");
+    wait_for("the deep reload is refused", T, || async { c.log().matches("reload refused").count() >= 2 }).await;
+    assert!(c.log().contains("nested at most"), "the refusal names why");
     etcd.put("intent/user/service/web/instances", "3", None).await.unwrap();
     wait_for("the old rules still run", T, || {
         let mut e = etcd.clone();

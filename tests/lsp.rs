@@ -294,3 +294,19 @@ fn a_request_for_a_file_outside_any_program_is_an_error_not_a_crash() {
     // And the server still shuts down cleanly.
     client.shut_down();
 }
+
+#[test]
+fn twenty_thousand_nested_parentheses_are_a_diagnostic_and_the_server_lives_on() {
+    let dir = tempdir("lsp-deep");
+    let deep = dir.join("deep.rules");
+    let n = 20_000;
+    let text = format!("output up(n: int) to \"status/up/{{n}}\"\nup(n) :- n = {}1{}.\n", "(".repeat(n), ")".repeat(n));
+    let mut client = Client::start();
+    client.open(&deep, &text);
+    let diags = client.diagnostics(&deep);
+    assert!(diags.iter().any(|d| d["code"] == "syntax" && d["message"].as_str().unwrap().contains("nested at most")), "{diags:?}");
+    // Still serving: the fixed buffer checks clean.
+    client.change(&deep, 2, "output up(n: int) to \"status/up/{n}\"\nup(n) :- n = (1).\n");
+    assert!(client.diagnostics(&deep).is_empty());
+    client.shut_down();
+}

@@ -50,6 +50,19 @@ fn commit<O>(r: PResult<'_, O>) -> PResult<'_, O> {
     })
 }
 
+/// How deep an expression may nest: operators, `-`, parentheses and
+/// function calls each count one level. Real rules stay in single digits;
+/// the bound keeps a hostile or generated file from overflowing the stack
+/// of `check`, the language server or the controller's reload.
+pub const MAX_NESTING: usize = 64;
+
+fn too_deep(at: &str) -> nom::Err<SyntaxError> {
+    nom::Err::Failure(SyntaxError {
+        remaining: at.len(),
+        expected: format!("an expression nested at most {MAX_NESTING} levels deep (split it with intermediate variables)"),
+    })
+}
+
 /// Parses one file. Syntax errors come back as diagnostics next to whatever parsed.
 pub fn parse_file(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
     let p = P { file, len: text.len() };
@@ -534,7 +547,10 @@ impl P {
                 }
             }
         }
-        let (r, lhs) = self.expr(i).or_else(|_| fail(i, "an atom, `not` atom, comparison or range"))?;
+        let (r, lhs) = self.expr(i).or_else(|e| match e {
+            nom::Err::Error(_) => fail(i, "an atom, `not` atom, comparison or range"),
+            failure => Err(failure),
+        })?;
         let (r, op) = self.cmp_op(r)?;
         let (r, rhs) = commit(self.expr(r))?;
         let span = lhs.span.to(rhs.span);
@@ -553,22 +569,49 @@ impl P {
 
     /// Precedence climbing over `++` < `+ -` < `* / %`.
     fn expr<'a>(&self, i: &'a str) -> PResult<'a, Expr> {
-        self.expr_prec(i, 1)
+        self.expr_at(i, 0).map(|(r, (e, _))| (r, e))
     }
 
-    fn expr_prec<'a>(&self, i: &'a str, min_prec: u8) -> PResult<'a, Expr> {
-        let (mut i, mut lhs) = self.unary(i)?;
+    /// An expression `level` nestings below the statement's; comes back
+    /// with its own height. Both are bounded by [`MAX_NESTING`], so neither
+    /// this parser nor any later pass over the tree (checker, evaluator,
+    /// drop) can recurse without bound.
+    fn expr_at<'a>(&self, i: &'a str, level: usize) -> PResult<'a, (Expr, usize)> {
+        self.expr_prec(i, 1, level)
+    }
+
+    fn expr_prec<'a>(&self, i: &'a str, min_prec: u8, level: usize) -> PResult<'a, (Expr, usize)> {
+        let start = i;
+        let (mut i, (mut lhs, mut height)) = self.unary(i, level)?;
         loop {
             let Some((r, op)) = self.bin_op(i) else { break };
             if op.precedence() < min_prec {
                 break;
             }
-            let (r, rhs) = commit(self.expr_prec(r, op.precedence() + 1))?;
+            let (r, (rhs, rhs_height)) = commit(self.expr_prec(r, op.precedence() + 1, self.nest(r, level)?))?;
+            height = self.grow(start, height.max(rhs_height))?;
             let span = lhs.span.to(rhs.span);
             lhs = Expr { kind: ExprKind::Bin(op, Box::new(lhs), Box::new(rhs)), span };
             i = r;
         }
-        Ok((i, lhs))
+        Ok((i, (lhs, height)))
+    }
+
+    /// One nesting level down from `level`, refused past [`MAX_NESTING`].
+    fn nest(&self, at: &str, level: usize) -> Result<usize, nom::Err<SyntaxError>> {
+        if level >= MAX_NESTING {
+            return Err(too_deep(at));
+        }
+        Ok(level + 1)
+    }
+
+    /// The height of a node over children `height` high, refused past
+    /// [`MAX_NESTING`] (a long chain `a + a + … + a` nests to the left).
+    fn grow(&self, at: &str, height: usize) -> Result<usize, nom::Err<SyntaxError>> {
+        if height >= MAX_NESTING {
+            return Err(too_deep(at));
+        }
+        Ok(height + 1)
     }
 
     fn bin_op<'a>(&self, i: &'a str) -> Option<(&'a str, BinOp)> {
@@ -581,7 +624,7 @@ impl P {
         None
     }
 
-    fn unary<'a>(&self, i: &'a str) -> PResult<'a, Expr> {
+    fn unary<'a>(&self, i: &'a str, level: usize) -> PResult<'a, (Expr, usize)> {
         if let Ok((r, _)) = self.tok(i, "-") {
             // `-<digits>` is a negative literal (so i64::MIN is writable).
             if let Ok((r2, digits)) = digit1::<_, SyntaxError>(r) {
@@ -591,26 +634,28 @@ impl P {
                         .map_err(|_| nom::Err::Failure(SyntaxError { remaining: r.len(), expected: "an integer that fits in 64 bits".into() }))?;
                     let span = self.span(i, r2);
                     let (r2, _) = self.ws(r2)?;
-                    return Ok((r2, Expr { kind: ExprKind::Lit(Literal::Int(n)), span }));
+                    return Ok((r2, (Expr { kind: ExprKind::Lit(Literal::Int(n)), span }, 1)));
                 }
             }
-            let (r, inner) = commit(self.unary(r))?;
+            let (r, (inner, height)) = commit(self.unary(r, self.nest(i, level)?))?;
             let span = Span::new(self.file, self.pos(i), inner.span.end);
-            return Ok((r, Expr { kind: ExprKind::Neg(Box::new(inner)), span }));
+            return Ok((r, (Expr { kind: ExprKind::Neg(Box::new(inner)), span }, self.grow(i, height)?)));
         }
-        self.primary(i)
+        self.primary(i, level)
     }
 
-    fn primary<'a>(&self, i: &'a str) -> PResult<'a, Expr> {
+    /// A leaf, a parenthesised expression or a call; parentheses count as
+    /// a nesting level of their own.
+    fn primary<'a>(&self, i: &'a str, level: usize) -> PResult<'a, (Expr, usize)> {
         if i.starts_with('"') {
             let (r, (s, span)) = self.string_lit(i)?;
-            return Ok((r, Expr { kind: ExprKind::Lit(Literal::Str(s)), span }));
+            return Ok((r, (Expr { kind: ExprKind::Lit(Literal::Str(s)), span }, 1)));
         }
         if let Ok((r, _)) = self.tok(i, "(") {
-            let (r, mut e) = commit(self.expr(r))?;
+            let (r, (mut e, height)) = commit(self.expr_at(r, self.nest(i, level)?))?;
             let (r2, _) = commit(self.tok(r, ")"))?;
             e.span = Span::new(self.file, self.pos(i), self.pos(r) + 1);
-            return Ok((r2, e));
+            return Ok((r2, (e, self.grow(i, height)?)));
         }
         if let Ok((r, digits)) = digit1::<_, SyntaxError>(i) {
             if r.starts_with(is_ident_char) {
@@ -621,13 +666,13 @@ impl P {
             let n =
                 digits.parse::<i64>().map_err(|_| nom::Err::Failure(SyntaxError { remaining: i.len(), expected: "an integer that fits in 64 bits".into() }))?;
             let (r, _) = self.ws(r)?;
-            return Ok((r, Expr { kind: ExprKind::Lit(Literal::Int(n)), span }));
+            return Ok((r, (Expr { kind: ExprKind::Lit(Literal::Int(n)), span }, 1)));
         }
         if let Ok((r, name)) = take_while1::<_, _, SyntaxError>(is_ident_char).parse(i) {
             if name == "true" || name == "false" {
                 let span = self.span(i, r);
                 let (r, _) = self.ws(r)?;
-                return Ok((r, Expr { kind: ExprKind::Lit(Literal::Str(name.to_string())), span }));
+                return Ok((r, (Expr { kind: ExprKind::Lit(Literal::Str(name.to_string())), span }, 1)));
             }
             if name.starts_with(is_ident_start) {
                 if KEYWORDS.contains(&name) {
@@ -644,13 +689,16 @@ impl P {
                         );
                     };
                     let (r3, _) = self.tok(r2, "(")?;
-                    let (r3, args) = commit(self.list(r3, |x| self.expr(x)))?;
+                    let inner = self.nest(r2, level)?;
+                    let (r3, args) = commit(self.list(r3, |x| self.expr_at(x, inner)))?;
+                    let height = self.grow(r2, args.iter().map(|(_, h)| *h).max().unwrap_or(0))?;
+                    let args = args.into_iter().map(|(e, _)| e).collect();
                     let close = self.pos(r3) + 1;
                     let (r3, _) = commit(self.tok(r3, ")").or_else(|_| fail(r3, "`,` or `)`")))?;
-                    return Ok((r3, Expr { kind: ExprKind::Call(func, args), span: Span::new(self.file, self.pos(i), close) }));
+                    return Ok((r3, (Expr { kind: ExprKind::Call(func, args), span: Span::new(self.file, self.pos(i), close) }, height)));
                 }
                 let kind = if name == "_" { ExprKind::Wildcard } else { ExprKind::Var(name.to_string()) };
-                return Ok((r2, Expr { kind, span }));
+                return Ok((r2, (Expr { kind, span }, 1)));
             }
         }
         fail(i, "a value: a variable, a number, a \"string\" or `(`")
