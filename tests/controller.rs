@@ -178,6 +178,59 @@ async fn sighup_with_broken_or_too_deeply_nested_rules_keeps_the_old_rules_and_g
     assert!(c.log().contains("rules reloaded"));
 }
 
+#[tokio::test]
+async fn a_rule_output_on_the_leader_key_or_secrets_is_refused_at_start_and_on_reload() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = fresh_dir("reserved-output");
+    for file in ["intent.rules", "types.rules"] {
+        std::fs::copy(shipped_rules().join(file), dir.join(file)).unwrap();
+    }
+    let steal = "input i(s: name, n: int) from \"intent/user/service/{s}/instances\"\noutput x(v: string) to \"status/leader\"\nx(\"mine\") :- i(_, _).\n";
+    std::fs::write(dir.join("steal.rules"), steal).unwrap();
+    etcd.put("intent/user/service/web/instances", "2", None).await.unwrap();
+    // At start: the controller refuses the program and exits, having led nothing.
+    let mut c = Controller::start("a", &dir);
+    let deadline = Instant::now() + T;
+    let status = loop {
+        if let Some(s) = c.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "a controller with a rule on status/leader kept running:\n{}", c.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success(), "{}", c.log());
+    assert!(c.log().contains("reserved-output") && c.log().contains("leadership key"), "{}", c.log());
+    assert_eq!(get(&mut etcd, "effective/service/web/instances").await, None, "nothing derived");
+
+    // On reload: refused, the old rules keep running and leadership stays the lease's.
+    std::fs::remove_file(dir.join("steal.rules")).unwrap();
+    let c = Controller::start("b", &dir);
+    settled(&c, &mut etcd, T).await;
+    let lease_of = |kvs: &[etcd_client::KeyValue]| kvs.first().map(|kv| (kv.lease(), kv.create_revision()));
+    let leader = lease_of(etcd.get("status/leader", None).await.unwrap().kvs());
+    assert!(leader.is_some_and(|(lease, _)| lease != 0), "the leader key is held by a lease");
+    for (name, text) in [
+        ("steal.rules", steal.to_string()),
+        ("leak.rules", "input i(s: name, n: int) from \"intent/user/service/{s}/instances\"\noutput x(s: name, v: string) to \"secret/node/{s}\"\nx(s, \"v\") :- i(s, _).\n".to_string()),
+    ] {
+        std::fs::write(dir.join(name), text).unwrap();
+        let refusals = c.log().matches("reload refused").count();
+        c.signal("-HUP");
+        wait_for("the reload is refused", T, || async { c.log().matches("reload refused").count() > refusals }).await;
+        std::fs::remove_file(dir.join(name)).unwrap();
+    }
+    assert!(c.log().contains("sealed secrets"), "{}", c.log());
+    etcd.put("intent/user/service/web/instances", "3", None).await.unwrap();
+    wait_for("the old rules still run", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3") }
+    })
+    .await;
+    assert_eq!(lease_of(etcd.get("status/leader", None).await.unwrap().kvs()), leader, "the leader key is untouched");
+    assert_eq!(keys(&mut etcd, "secret/node/").await, Vec::<(String, String)>::new());
+}
+
 /// Puts many facts quickly, in transactions of 100.
 async fn put_all(etcd: &mut Client, facts: &[(String, String)]) {
     for chunk in facts.chunks(100) {
@@ -653,10 +706,10 @@ async fn a_derived_key_etcd_refuses_is_blocked_and_recorded_and_the_rest_is_writ
     let _serial = serial();
     let mut etcd = fresh_etcd().await;
     let dir = fresh_dir("refused-key");
-    // `desired/` is the user's: the controller's etcd role may not write it.
+    // `refused/` is no role's: the controller's etcd role may not write it (check warns).
     std::fs::write(
         dir.join("r.rules"),
-        "input v(s: name, n: int) from \"v/{s}\"\noutput o(s: name, n: int) to \"effective/o/{s}\"\noutput bad(s: name, n: int) to \"desired/bad/{s}\"\n\
+        "input v(s: name, n: int) from \"v/{s}\"\noutput o(s: name, n: int) to \"effective/o/{s}\"\noutput bad(s: name, n: int) to \"refused/bad/{s}\"\n\
          // allowed\no(s, n) :- v(s, n).\n// not the controller's to write\nbad(s, n) :- v(s, n), n = 3.\n",
     )
     .unwrap();
@@ -666,8 +719,8 @@ async fn a_derived_key_etcd_refuses_is_blocked_and_recorded_and_the_rest_is_writ
     let c = Controller::start("a", &dir);
     settled(&c, &mut etcd, T).await;
     assert_eq!(keys(&mut etcd, "effective/o/").await.len(), 10);
-    assert_eq!(get(&mut etcd, "desired/bad/k3").await, None);
-    let why = get(&mut etcd, "status/blocked/desired/bad/k3").await.expect("recorded");
+    assert_eq!(get(&mut etcd, "refused/bad/k3").await, None);
+    let why = get(&mut etcd, "status/blocked/refused/bad/k3").await.expect("recorded");
     assert!(why.contains("permission denied"), "{why}");
     assert_eq!(c.metric("blocked_keys"), Some(1.0));
     assert!(c.log().contains("etcd refuses to write this derived key"), "{}", c.log());

@@ -3,7 +3,7 @@
 
 use crate::ast::{self, AggKind, BinOp, CmpOp, DeclKind, ExprKind, Type};
 use crate::diag::Diagnostic;
-use crate::pattern::KeyPattern;
+use crate::pattern::{KeyPattern, Segment};
 use crate::program::*;
 use crate::source::{Sources, Span};
 use std::collections::{BTreeSet, HashMap};
@@ -1045,9 +1045,20 @@ impl Checker {
         let writer_of = |text: &str| text.strip_prefix("intent/").and_then(|r| r.split_once('/')).map(|(w, _)| w.to_string()).filter(|w| !w.contains('{'));
         let writers: BTreeSet<Option<String>> = outs.iter().filter_map(|&o| self.relations[o].pattern.as_ref()).map(|p| writer_of(&p.text)).collect();
         let writer_program = writers.len() == 1 && writers.iter().next().is_some_and(Option::is_some);
+        let own_writer = if writer_program { writers.iter().next().cloned().flatten() } else { None };
         for &o in &outs {
             let r = &self.relations[o];
             let Some(p) = &r.pattern else { continue };
+            if let Some((key, whose)) = reserved_key(p, own_writer.as_deref()) {
+                let d = Diagnostic::error(
+                    "reserved-output",
+                    r.span,
+                    format!("output `{}` (\"{}\") can write `{key}`: {whose}", r.name, p.text),
+                )
+                .with_help("rules may not write keys the controller keeps for itself or keys another role writes; choose a pattern under effective/, placement/, endpoint/ or status/ that starts with a literal segment");
+                self.diags.push(d);
+                continue;
+            }
             if !writer_program && !WRITABLE.iter().any(|w| p.text.starts_with(w)) {
                 let d = Diagnostic::warning(
                     "unwritable-output",
@@ -1380,4 +1391,46 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
+}
+
+/// The first key a rule output may never write that `p` could write, and
+/// whose it is: the controller's own bookkeeping (leadership, the clock, the
+/// derived revision, its blocked and conflict records) and everything a role
+/// other than the rules' writer writes (DESIGN §6). `own_writer` is the
+/// writer whose `intent/<writer>/` a writer program (the autoscaler's) owns.
+fn reserved_key(p: &KeyPattern, own_writer: Option<&str>) -> Option<(String, &'static str)> {
+    const EXACT: [(&str, &str); 3] = [
+        ("status/leader", "the controller's leadership key"),
+        ("status/clock", "the cluster clock, which the controller keeps"),
+        ("status/derived_revision", "the controller's record of what it has written"),
+    ];
+    const PREFIX: [(&str, &str); 6] = [
+        ("status/blocked", "the controller's records of refused writes"),
+        ("status/conflict", "the controller's records of conflicting writes"),
+        ("secret", "sealed secrets, written only by `ccattler secret` and the controller's sealing"),
+        ("desired", "the user's desired state"),
+        ("observed", "node agents' reports about their own node"),
+        ("intent", "the intent writers' (user, autoscaler, …)"),
+    ];
+    for (key, whose) in EXACT {
+        if p.may_write(key, true) {
+            return Some((key.to_string(), whose));
+        }
+    }
+    if let Some(w) = own_writer {
+        let leader = format!("intent/{w}/leader");
+        if p.may_write(&leader, true) {
+            return Some((leader, "the writer's leadership key"));
+        }
+        // The writer program's own intent/<w>/… is its to write.
+        if p.may_write(&format!("intent/{w}"), false) && matches!(p.segments.get(1), Some(Segment::Lit(x)) if x == w) {
+            return None;
+        }
+    }
+    for (prefix, whose) in PREFIX {
+        if p.may_write(prefix, false) {
+            return Some((format!("{prefix}/…"), whose));
+        }
+    }
+    None
 }

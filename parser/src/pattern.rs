@@ -153,6 +153,21 @@ impl KeyPattern {
     }
 }
 
+impl KeyPattern {
+    /// Whether some key this pattern matches starts with the segments of
+    /// `prefix` (`exact`: is exactly that key).
+    pub fn may_write(&self, prefix: &str, exact: bool) -> bool {
+        let want: Vec<&str> = prefix.split('/').collect();
+        if self.segments.len() < want.len() || (exact && self.segments.len() != want.len()) {
+            return false;
+        }
+        self.segments.iter().zip(&want).all(|(s, w)| match s {
+            Segment::Lit(x) => x == w,
+            Segment::Col(_) => true,
+        })
+    }
+}
+
 /// Why `text` cannot be one segment of a key, if it cannot: rendering is
 /// injective only if no segment is empty or holds a `/` (`t("a", "b/c")` and
 /// `t("a/b", "c")` would both be `t/a/b/c`), and keys hold no control
@@ -217,6 +232,24 @@ mod tests {
         assert_eq!(v.match_key("status/other"), None);
         let flag = KeyPattern::parse("status/paused", &[]).unwrap();
         assert_eq!(flag.match_key("status/paused"), Some(vec![]));
+    }
+
+    #[test]
+    fn may_write_sees_placeholders_as_any_segment() {
+        // Every column in the pattern, and one for the value.
+        let p = |t: &str| {
+            let mut cols: Vec<&str> = ["a", "b", "c"].into_iter().filter(|c| t.contains(&format!("{{{c}}}"))).collect();
+            cols.push("v");
+            KeyPattern::parse(t, &cols).unwrap()
+        };
+        assert!(p("status/leader").may_write("status/leader", true));
+        assert!(p("status/{a}").may_write("status/leader", true));
+        assert!(p("{a}/{b}").may_write("status/leader", true));
+        assert!(!p("status/{a}/{b}").may_write("status/leader", true));
+        assert!(p("{a}/node/{b}/{c}").may_write("secret", false));
+        assert!(p("secret/{a}").may_write("secret", false));
+        assert!(!p("status/{a}").may_write("secret", false));
+        assert!(!p("status/leaders").may_write("status/leader", true));
     }
 
     #[test]
