@@ -206,6 +206,14 @@ enum Command {
         /// Seconds between SIGTERM and SIGKILL when stopping an instance.
         #[arg(long, default_value_t = 5)]
         grace: u64,
+        /// The uids instances and exec probes run as, one per instance,
+        /// `START-END`; `off` runs them as the agent's own user. Default:
+        /// 200000-299999 when the agent runs as root, else off.
+        #[arg(long)]
+        instance_uids: Option<String>,
+        /// The most processes one instance may run at once (its cgroup's pids.max).
+        #[arg(long, default_value_t = 4096)]
+        instance_pids_max: i64,
         /// Seconds between full re-reads of the specs and of what etcd holds
         /// from this agent (placement changes are watched and act at once).
         #[arg(long, default_value_t = 5)]
@@ -227,8 +235,17 @@ enum Command {
         alive: PathBuf,
         #[arg(long)]
         deadline: PathBuf,
-        #[arg(long, default_value_t = 5)]
-        grace: u64,
+        /// SIGTERM → SIGKILL when fencing, in ms.
+        #[arg(long, default_value_t = 5000)]
+        fence_grace_ms: u64,
+        /// A cgroup directory the instance joins (one per hierarchy; repeatable).
+        #[arg(long = "cgroup")]
+        cgroups: Vec<PathBuf>,
+        /// Run the instance as this uid (and gid).
+        #[arg(long)]
+        uid: Option<u32>,
+        #[arg(long)]
+        gid: Option<u32>,
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
@@ -479,8 +496,25 @@ pub fn main() -> ExitCode {
             };
             controller(cfg)
         }
-        Command::Agent { etcd, node, cpu, memory, address, labels, resources, ttl, state_dir, grace, resync, log_format } => {
+        Command::Agent { etcd, node, cpu, memory, address, labels, resources, ttl, state_dir, grace, instance_uids, instance_pids_max, resync, log_format } => {
             init_logging(log_format);
+            let root = ccattler_agent::confine::running_as_root();
+            let instance_uids = match instance_uids.as_deref() {
+                Some("off") => None,
+                Some(range) => match range.parse::<ccattler_agent::confine::UidRange>() {
+                    Ok(r) if root => Some(r),
+                    Ok(_) => {
+                        return usage_error(anyhow::anyhow!(
+                            "--instance-uids {range}: only an agent running as root can run instances as other users (or pass off)"
+                        ))
+                    }
+                    Err(e) => return usage_error(anyhow::anyhow!("--instance-uids: {e}")),
+                },
+                None => root.then_some(ccattler_agent::confine::UidRange { start: 200_000, end: 299_999 }),
+            };
+            if instance_pids_max <= 0 {
+                return usage_error(anyhow::anyhow!("--instance-pids-max must be a positive number of processes, not {instance_pids_max}"));
+            }
             let cfg = ccattler_agent::AgentConfig {
                 etcd: match etcd.config() {
                     Ok(c) => c,
@@ -496,13 +530,20 @@ pub fn main() -> ExitCode {
                 state_dir,
                 grace: std::time::Duration::from_secs(grace),
                 resync: std::time::Duration::from_secs(resync.max(1)),
+                instance_uids,
+                pids_max: instance_pids_max,
             };
             agent(cfg)
         }
         Command::ServeHttp { instance } => serve_http(instance),
-        Command::Supervise { alive, deadline, grace, command } => {
+        Command::Supervise { alive, deadline, fence_grace_ms, cgroups, uid, gid, command } => {
             let signals = ccattler_agent::supervise::Signals { alive, deadline };
-            std::process::exit(ccattler_agent::supervise::run(&signals, std::time::Duration::from_secs(grace), &command[0], &command[1..]));
+            let confinement = ccattler_agent::supervise::Confinement {
+                cgroup: (!cgroups.is_empty()).then(|| ccattler_agent::confine::InstanceCgroup::from_dirs(cgroups)),
+                user: uid.map(|u| (u, gid.unwrap_or(u))),
+            };
+            let grace = std::time::Duration::from_millis(fence_grace_ms);
+            std::process::exit(ccattler_agent::supervise::run(&signals, grace, &confinement, &command[0], &command[1..]));
         }
         Command::Node { action, etcd } => node(action, &etcd),
         Command::Autoscaler { etcd, rules, period, id, log_format } => {

@@ -44,6 +44,10 @@ pub struct AgentConfig {
     pub grace: Duration,
     /// Re-read the specs at least this often.
     pub resync: Duration,
+    /// The uids instances run as, one each; `None`: as the agent's user.
+    pub instance_uids: Option<crate::confine::UidRange>,
+    /// The most processes an instance may have at once (its cgroup's `pids.max`).
+    pub pids_max: i64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +102,8 @@ struct Proc {
     pid: u32,
     start_time: u64,
     generation: u64,
+    /// The user it runs as (`None`: the agent's).
+    uid: Option<u32>,
 }
 
 struct ProbeRun {
@@ -123,6 +129,9 @@ struct Instance {
     /// period, and the CPU clock ticks at the last sample.
     usage: Option<(i64, i64)>,
     cpu_ticks: Option<(u64, Instant)>,
+    /// The cgroup its current process runs in: one per start, so a restart
+    /// of the same instance never shares one with its predecessor's cleanup.
+    cgroup: Option<crate::confine::InstanceCgroup>,
 }
 
 enum Event {
@@ -161,17 +170,19 @@ impl Pulse {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                // Taken before asking: etcd renews the lease after this, so
+                // it lives at least a TTL from here.
+                let asked_at = crate::supervise::now_ms();
                 let renewed = tokio::time::timeout(Duration::from_secs(2), async {
                     keeper.keep_alive().await?;
                     responses.message().await
                 })
                 .await;
-                let asked_at = crate::supervise::now_ms();
                 let why = match renewed {
                     Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
                         // The lease lives at least this long: what instance
                         // supervisors fence by if the agent dies.
-                        let deadline = asked_at + resp.ttl() * 1000 - 500;
+                        let deadline = asked_at + resp.ttl() * 1000;
                         if let Err(e) = crate::supervise::write_ms(&deadline_file, deadline) {
                             tracing::warn!(error = %e, "cannot record the lease deadline for the instance supervisors");
                         }
@@ -208,6 +219,16 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The name of this agent's cgroup parent (`ccattler/<this>/<instance>`): the
+/// node and its state dir, so two agents on one host (tests, a demo) never
+/// share one, and a restarted agent finds its instances' cgroups again.
+fn cgroup_group(node: &str, state_dir: &std::path::Path) -> String {
+    let dir = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    // FNV-1a: stable across builds, unlike the std hasher.
+    let hash = dir.as_os_str().as_encoded_bytes().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3));
+    format!("{node}-{:08x}", hash as u32)
+}
+
 /// The agent's clock in milliseconds: a heartbeat's value (only its change matters).
 fn now_ms() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
@@ -238,6 +259,8 @@ pub struct Agent {
     volumes: BTreeSet<String>,
     conn: Option<Conn>,
     next_connect: Instant,
+    /// The cgroup hierarchies instances are confined in.
+    cgroups: crate::confine::Cgroups,
     backoff: Duration,
     generation: u64,
     events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
@@ -295,7 +318,19 @@ impl Agent {
         cfg.validate()?;
         let state = StateDir::open(&cfg.state_dir)?;
         let key = NodeKey::load_or_create(&state.node_key())?;
+        let cgroups = crate::confine::Cgroups::detect(&cgroup_group(&cfg.node, &cfg.state_dir));
+        match &cgroups {
+            crate::confine::Cgroups::Unavailable(why) => {
+                tracing::warn!(reason = %why, "instances run WITHOUT cgroups: their memory, cpu and pids are not limited, and a process that leaves its group outlives a stop")
+            }
+            c if !c.missing().is_empty() => tracing::warn!(missing = ?c.missing(), "some cgroup controllers are not available; those limits are not enforced"),
+            c => tracing::info!(cgroups = ?c, "instances are confined in cgroups"),
+        }
+        if cfg.instance_uids.is_none() {
+            tracing::warn!("instances and exec probes run as the agent's own user (no --instance-uids)");
+        }
         let mut agent = Agent {
+            cgroups,
             state,
             instances: BTreeMap::new(),
             written: BTreeMap::new(),
@@ -316,7 +351,7 @@ impl Agent {
             if runtime::alive(rec.pid, rec.start_time) {
                 tracing::info!(instance = %name, pid = rec.pid, "adopting an instance started by a previous run");
                 agent.generation += 1;
-                let proc = Proc { pid: rec.pid, start_time: rec.start_time, generation: agent.generation };
+                let proc = Proc { pid: rec.pid, start_time: rec.start_time, generation: agent.generation, uid: rec.uid };
                 agent.watch_adopted(name.clone(), proc);
                 agent.instances.insert(
                     name,
@@ -332,6 +367,7 @@ impl Agent {
                         version: None,
                         usage: None,
                         cpu_ticks: None,
+                        cgroup: (!rec.cgroup.is_empty()).then(|| crate::confine::InstanceCgroup::from_dirs(rec.cgroup.clone())),
                     },
                 );
             } else {
@@ -592,6 +628,7 @@ impl Agent {
                 version: None,
                 usage: None,
                 cpu_ticks: None,
+                cgroup: None,
             });
             inst.service = spec.service.clone();
             inst.image = spec.image.clone();
@@ -665,34 +702,82 @@ impl Agent {
             };
         }
         let volumes = spec.volumes.iter().map(|(v, vs)| (v.clone(), (self.state.volume(name, v, vs.persistent), vs.mount.clone()))).collect();
-        Ok(Ok(Launch { image: image.clone(), config: spec.config.clone(), secrets, volumes }))
+        let limits = crate::confine::Limits { pids: Some(self.cfg.pids_max), ..spec.requests };
+        Ok(Ok(Launch { image: image.clone(), config: spec.config.clone(), secrets, volumes, limits }))
+    }
+
+    /// The uid for a new instance: the lowest of the range no other live instance holds.
+    fn pick_user(&self, name: &str) -> Result<Option<(u32, u32)>, String> {
+        let Some(range) = self.cfg.instance_uids else { return Ok(None) };
+        let taken: BTreeSet<u32> = self.instances.iter().filter(|(n, _)| n.as_str() != name).filter_map(|(_, i)| i.proc.and_then(|p| p.uid)).collect();
+        let uid = range.pick(&taken).ok_or_else(|| format!("every uid of --instance-uids {}-{} is in use", range.start, range.end))?;
+        Ok(Some((uid, uid)))
+    }
+
+    /// Whether the node's lease was renewed recently enough that a new
+    /// instance would not be fenced at once: an agent cut off from etcd
+    /// starts nothing (its instances may already run elsewhere).
+    fn lease_fresh(&self) -> bool {
+        let signals = crate::supervise::Signals::in_dir(&self.cfg.state_dir);
+        let grace = crate::supervise::fence_grace(self.cfg.grace, self.cfg.ttl);
+        crate::supervise::read_ms(&signals.deadline).is_some_and(|d| crate::supervise::now_ms() < crate::supervise::term_at(d, grace))
     }
 
     fn start(&mut self, name: &str, launch: Launch) {
+        if !self.lease_fresh() {
+            let inst = self.instances.get_mut(name).expect("started instances exist");
+            inst.phase = Phase::Waiting(Some("the node's lease is not renewed (etcd unreachable?); nothing starts until it is".into()));
+            return;
+        }
+        let user = self.pick_user(name);
         let inst = self.instances.get_mut(name).expect("started instances exist");
         let started = (|| {
+            let user = user?;
             let port = runtime::free_port(&self.cfg.address).map_err(|e| format!("no free port on {}: {e}", self.cfg.address))?;
-            self.state.create(&self.state.instance_dir(name)).map_err(|e| e.to_string())?;
+            let dir = self.state.instance_dir(name);
+            self.state.create(&dir).map_err(|e| e.to_string())?;
+            // Its user passes through to `work/`; its record and log are the agent's.
+            std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711)).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let work = self.state.work_dir(name);
+            self.state.create(&work).map_err(|e| e.to_string())?;
+            runtime::hand_over(&work, user).map_err(|e| format!("{}: {e}", work.display()))?;
             for (dir, _) in launch.volumes.values() {
                 self.state.create(dir).map_err(|e| e.to_string())?;
+                runtime::hand_over(dir, user).map_err(|e| format!("{}: {e}", dir.display()))?;
+            }
+            let cgroup = self.cgroups.instance(&format!("{name}.{}", crate::supervise::now_ms()));
+            if let Some(c) = &cgroup {
+                c.create(&launch.limits).map_err(|e| format!("cannot make the instance's cgroup: {e}"))?;
             }
             let id = Identity { instance: name, service: &inst.service, node: &self.cfg.node, host: &self.cfg.address, port };
             let signals = crate::supervise::Signals::in_dir(&self.cfg.state_dir);
-            let child = runtime::spawn(&id, &launch, &self.secrets, &self.state.log(name), &signals, self.cfg.grace).map_err(|e| e.to_string())?;
+            let confine =
+                runtime::Confine { cgroup: cgroup.as_ref(), user, work: &work, fence_grace: crate::supervise::fence_grace(self.cfg.grace, self.cfg.ttl) };
+            let child = runtime::spawn(&id, &launch, &self.secrets, &self.state.log(name), &signals, &confine).map_err(|e| e.to_string())?;
             let pid = child.id().ok_or("the process exited at once")?;
             let start_time = runtime::start_time(pid).unwrap_or(0);
-            Ok::<_, String>((child, pid, start_time, port))
+            Ok::<_, String>((child, pid, start_time, port, user.map(|(u, _)| u), cgroup))
         })();
         match started {
-            Ok((child, pid, start_time, port)) => {
+            Ok((child, pid, start_time, port, uid, cgroup)) => {
+                let memory = launch.limits.memory_mib;
                 self.generation += 1;
-                let proc = Proc { pid, start_time, generation: self.generation };
-                let record = Record { service: inst.service.clone(), pid, start_time, port, launch: launch.clone() };
+                let proc = Proc { pid, start_time, generation: self.generation, uid };
+                let record = Record {
+                    service: inst.service.clone(),
+                    pid,
+                    start_time,
+                    port,
+                    launch: launch.clone(),
+                    uid,
+                    cgroup: cgroup.as_ref().map(|c| c.dirs.clone()).unwrap_or_default(),
+                };
                 if let Err(e) = self.state.save(name, &record) {
                     tracing::warn!(instance = name, error = %e, "cannot record the instance; a restarted agent will not adopt it");
                 }
                 tracing::info!(instance = name, pid, port, image = %launch.image, "started");
                 inst.proc = Some(proc);
+                inst.cgroup = cgroup;
                 inst.port = port;
                 inst.launch = Some(launch);
                 inst.phase = Phase::Running;
@@ -705,6 +790,9 @@ impl Agent {
                 let mut child = child;
                 tokio::spawn(async move {
                     let status = match child.wait().await {
+                        Ok(s) if s.code() == Some(crate::supervise::OOM_KILLED) => {
+                            format!("out of memory: killed at its limit of {} MiB", memory.unwrap_or(0))
+                        }
                         Ok(s) => s.to_string(),
                         Err(e) => format!("wait failed: {e}"),
                     };
@@ -736,11 +824,15 @@ impl Agent {
         let Some(inst) = self.instances.get_mut(name) else { return };
         let Some(proc) = inst.proc else { return };
         inst.phase = Phase::Stopping;
-        runtime::signal_group(proc.pid, libc::SIGTERM);
+        let cgroup = inst.cgroup.clone();
+        runtime::signal_instance(proc.pid, cgroup.as_ref(), libc::SIGTERM);
         let grace = self.cfg.grace;
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            if runtime::alive(proc.pid, proc.start_time) {
+            if runtime::alive(proc.pid, proc.start_time) || cgroup.as_ref().is_some_and(|c| !c.procs().is_empty()) {
+                if let Some(c) = &cgroup {
+                    c.kill_until_empty(100);
+                }
                 runtime::signal_group(proc.pid, libc::SIGKILL);
             }
         });
@@ -762,8 +854,13 @@ impl Agent {
                 };
                 run.in_flight = true;
                 let (tx, instance, probe, host, port) = (self.events.0.clone(), name.clone(), p.clone(), self.cfg.address.clone(), inst.port);
+                let ctx = probe::Context {
+                    user: proc.uid.map(|u| (u, u)),
+                    cgroup: inst.cgroup.as_ref().map(|c| c.dirs.clone()).unwrap_or_default(),
+                    work: Some(self.state.work_dir(name)),
+                };
                 tokio::spawn(async move {
-                    let healthy = probe::run(&method, &host, port).await;
+                    let healthy = probe::run(&method, &host, port, &ctx).await;
                     let _ = tx.send(Event::Probed { instance, generation: proc.generation, probe, healthy });
                 });
             }

@@ -4,6 +4,7 @@
 //! and survives its own restarts through a state directory ([`state`]).
 
 pub mod agent;
+pub mod confine;
 pub mod http_image;
 pub mod keys;
 pub mod plan;

@@ -122,7 +122,7 @@ mod tests {
     use std::time::Duration;
 
     fn launch(image: &str) -> Launch {
-        Launch { image: image.into(), config: Default::default(), secrets: Default::default(), volumes: Default::default() }
+        Launch { image: image.into(), config: Default::default(), secrets: Default::default(), volumes: Default::default(), limits: Default::default() }
     }
 
     fn known(phase: Phase, process: bool, image: &str) -> Have {

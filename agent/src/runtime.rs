@@ -7,13 +7,16 @@
 //! | `exec:<command>` | `sh -c <command>` |
 //!
 //! Any other image is refused (the instance's state says why). Each instance
-//! runs in its own process group, with a clean environment: `PATH`, `HOME`,
+//! runs in its own process group and cgroup ([`crate::confine`]), as a user
+//! of its own, in its work directory (`<state-dir>/instances/I/work`, 0700,
+//! its `HOME`), with a clean environment: `PATH`, `HOME`,
 //! `PORT` (a free port on the node's address), `HOST` (that address),
 //! `CCATTLER_INSTANCE`, `CCATTLER_SERVICE`, `CCATTLER_NODE`, one variable per
 //! config entry (`KEY=value`), one per granted secret
 //! (`SECRET_<NAME>=value`), and one per volume
 //! (`VOLUME_<NAME>=<directory>`, with the service's mount path in
-//! `VOLUME_<NAME>_MOUNT`). Output goes to `<state-dir>/instances/I/log`.
+//! `VOLUME_<NAME>_MOUNT`). Output goes to `<state-dir>/instances/I/log` (0600,
+//! the agent's: the instance writes it through the descriptor it is given).
 
 use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;
@@ -30,6 +33,9 @@ pub struct Launch {
     pub secrets: BTreeMap<String, i64>,
     /// volume → (host directory, mount path)
     pub volumes: BTreeMap<String, (PathBuf, String)>,
+    /// The cgroup limits it runs under (its requests).
+    #[serde(default)]
+    pub limits: crate::confine::Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,31 +72,55 @@ pub struct Identity<'a> {
     pub port: u16,
 }
 
+/// The `PATH` instances and exec probes get (never the agent's own).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// How an instance (and its exec probes) is confined.
+pub struct Confine<'a> {
+    pub cgroup: Option<&'a crate::confine::InstanceCgroup>,
+    /// (uid, gid) to run as; `None`: the agent's own user.
+    pub user: Option<(u32, u32)>,
+    /// Its working directory and `HOME`.
+    pub work: &'a Path,
+    /// SIGTERM → SIGKILL when the supervisor fences it.
+    pub fence_grace: std::time::Duration,
+}
+
 /// Starts an instance in its own process group, under a supervisor that
-/// fences it if the agent dies ([`crate::supervise`]); its secrets' values
-/// come from `secrets` (opened in memory), and go only into its environment.
-/// The process returned is the supervisor's: it exits with the instance.
+/// fences it if the node's lease is about to lapse ([`crate::supervise`]);
+/// its secrets' values come from `secrets` (opened in memory), and go only
+/// into its environment. The process returned is the supervisor's: it exits
+/// with the instance.
 pub fn spawn(
     id: &Identity,
     launch: &Launch,
     secrets: &crate::spec::Secrets,
     log: &Path,
     signals: &crate::supervise::Signals,
-    grace: std::time::Duration,
+    confine: &Confine,
 ) -> Result<tokio::process::Child, RuntimeError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let err = |source| RuntimeError::Spawn { instance: id.instance.into(), source };
     let (program, args) = command_for(&launch.image, id.instance)?;
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(err)?;
+    let out = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(log).map_err(err)?;
+    // An older log (or one made before logs were private) becomes private too.
+    std::fs::set_permissions(log, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(err)?;
     let errout = out.try_clone().map_err(err)?;
     let exe = std::env::current_exe().map_err(err)?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("supervise").arg("--alive").arg(&signals.alive).arg("--deadline").arg(&signals.deadline);
-    cmd.arg("--grace").arg(grace.as_secs().max(1).to_string()).arg("--").arg(program);
-    cmd.args(args).env_clear();
-    for var in ["PATH", "HOME", "CCATTLER_LOG"] {
-        if let Ok(v) = std::env::var(var) {
-            cmd.env(var, v);
-        }
+    cmd.arg("--fence-grace-ms").arg(confine.fence_grace.as_millis().to_string());
+    for dir in confine.cgroup.iter().flat_map(|c| &c.dirs) {
+        cmd.arg("--cgroup").arg(dir);
+    }
+    if let Some((uid, gid)) = confine.user {
+        cmd.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
+    }
+    cmd.arg("--").arg(program);
+    cmd.args(args).env_clear().current_dir(confine.work).env("HOME", confine.work);
+    cmd.env("PATH", DEFAULT_PATH);
+    if let Ok(v) = std::env::var("CCATTLER_LOG") {
+        cmd.env("CCATTLER_LOG", v);
     }
     for (k, v) in &launch.config {
         cmd.env(k, v);
@@ -114,6 +144,15 @@ pub fn spawn(
         .process_group(0)
         .kill_on_drop(false);
     cmd.spawn().map_err(err)
+}
+
+/// Gives `dir` to the instance's user, private (0700); without a user of
+/// its own, only the mode changes.
+pub fn hand_over(dir: &Path, user: Option<(u32, u32)>) -> std::io::Result<()> {
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+    }
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
 }
 
 /// A free TCP port on `host` (the instance binds it right after).
@@ -169,7 +208,16 @@ pub fn clock_ticks() -> u64 {
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as u64
 }
 
-/// Signals an instance's whole process group.
+/// Signals an instance's whole process group, and every process of its
+/// cgroup (those that left the group with `setsid` too).
+pub fn signal_instance(pid: u32, cgroup: Option<&crate::confine::InstanceCgroup>, signal: libc::c_int) {
+    if let Some(c) = cgroup {
+        c.kill_all(signal);
+    }
+    signal_group(pid, signal);
+}
+
+/// Signals a process group.
 pub fn signal_group(pid: u32, signal: libc::c_int) {
     // SAFETY: kill(2) with a negative pid signals a process group; no memory is shared.
     unsafe {

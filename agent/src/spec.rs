@@ -26,6 +26,9 @@ pub struct InstanceSpec {
     /// agent reports the version it runs, so a rollout knows when an
     /// instance runs its new template.
     pub version: Option<i64>,
+    /// What it asks for (`request/cpu` in millicores, `request/memory` in
+    /// MiB): the agent enforces them as its cgroup's limits.
+    pub requests: crate::confine::Limits,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,6 +100,7 @@ pub fn assemble(placed: Vec<(String, String)>, view: Vec<(String, String)>, seal
                 volumes: BTreeMap::new(),
                 probes: BTreeMap::new(),
                 version: None,
+                requests: crate::confine::Limits::default(),
             };
             instances.insert(instance, spec);
         }
@@ -114,6 +118,9 @@ pub fn assemble(placed: Vec<(String, String)>, view: Vec<(String, String)>, seal
                 match rest {
                     ["image"] => spec.image = Some(v),
                     ["version"] => spec.version = v.parse().ok(),
+                    // A request that is not a positive number is no limit.
+                    ["request", "cpu"] => spec.requests.cpu_millicores = v.parse().ok().filter(|n: &i64| *n > 0),
+                    ["request", "memory"] => spec.requests.memory_mib = v.parse().ok().filter(|n: &i64| *n > 0),
                     ["config", key] => {
                         spec.config.insert(key.to_string(), v);
                     }
@@ -184,6 +191,8 @@ mod tests {
                 ("instance/web-0/probe/readiness/method", "http:/healthz"),
                 ("instance/web-0/probe/readiness/interval", "5"),
                 ("instance/web-0/probe/liveness/method", "ping"),
+                ("instance/web-0/request/cpu", "250"),
+                ("instance/web-0/request/memory", "-5"),
                 ("instance/web-9/image", "elsewhere"),
                 ("volume/data/size", "10"),
                 ("volume/data/persistent", "true"),
@@ -198,6 +207,7 @@ mod tests {
         assert_eq!(s.secrets, BTreeMap::from([("api".to_string(), None), ("db".to_string(), Some(7))]));
         assert_eq!(s.volumes["data"], VolumeSpec { mount: "/data".into(), persistent: true, size_gib: Some(10) });
         assert_eq!(s.probes["readiness"], ProbeSpec { method: Ok(Method::Http("/healthz".into())), interval: Duration::from_secs(5) });
+        assert_eq!(s.requests, crate::confine::Limits { cpu_millicores: Some(250), memory_mib: None, pids: None }, "a negative request is no limit");
         assert!(s.probes["liveness"].method.as_ref().unwrap_err().contains("\"ping\""));
         assert_eq!(w.secrets.keys().collect::<Vec<_>>(), ["db"], "only granted secrets that open are kept");
         assert_eq!(w.secrets["db"].1.as_slice(), b"hunter2");

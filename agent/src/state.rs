@@ -37,6 +37,12 @@ pub struct Record {
     pub start_time: u64,
     pub port: u16,
     pub launch: Launch,
+    /// The user it runs as (`None`: the agent's own).
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// Its cgroup's directories (empty: none).
+    #[serde(default)]
+    pub cgroup: Vec<PathBuf>,
 }
 
 pub struct StateDir {
@@ -80,6 +86,12 @@ impl StateDir {
 
     pub fn instance_dir(&self, instance: &str) -> PathBuf {
         self.root.join("instances").join(instance)
+    }
+
+    /// The instance's own directory (its cwd and `HOME`, owned by its user);
+    /// its record and log stay beside it, the agent's.
+    pub fn work_dir(&self, instance: &str) -> PathBuf {
+        self.instance_dir(instance).join("work")
     }
 
     pub fn log(&self, instance: &str) -> PathBuf {
@@ -162,8 +174,12 @@ impl StateDir {
 
 /// Write-then-rename, so a crash never leaves half a file.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
+    // The agent's alone (records name a launch's config values).
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(io_err(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io_err(path))
 }
 
@@ -196,8 +212,14 @@ mod tests {
         let root = tmp("lock");
         let s = StateDir::open(&root).unwrap();
         assert!(matches!(StateDir::open(&root), Err(StateError::Locked(_))));
-        let launch = Launch { image: "builtin:http".into(), config: Default::default(), secrets: Default::default(), volumes: Default::default() };
-        s.save("web-0", &Record { service: "web".into(), pid: 42, start_time: 7, port: 8080, launch }).unwrap();
+        let launch = Launch {
+            image: "builtin:http".into(),
+            config: Default::default(),
+            secrets: Default::default(),
+            volumes: Default::default(),
+            limits: Default::default(),
+        };
+        s.save("web-0", &Record { service: "web".into(), pid: 42, start_time: 7, port: 8080, launch, uid: Some(200_000), cgroup: vec![] }).unwrap();
         s.set_lease(Some(99)).unwrap();
         drop(s);
         let s = reopen(&root);
