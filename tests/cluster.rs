@@ -401,6 +401,58 @@ async fn an_agent_killed_9_fences_its_instances_so_none_ever_runs_twice() {
     assert!(gone <= Duration::from_secs(TTL + 1), "fenced only after {gone:?} (lease TTL {TTL} s)");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_agent_fences_its_instances_before_their_replacements_start_elsewhere() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("partition");
+    let _c = Controller::start("partition", &shipped_rules());
+    // Each agent reaches etcd through a proxy of its own: cutting one is a
+    // partition between that agent (alive, its instances running) and etcd.
+    let proxies: Vec<Proxy> = (0..2).map(|_| Proxy::start(&etcd_url())).collect();
+    let mut agents: Vec<Agent> = (1..=2).map(|n| Agent::start_on(&proxies[n - 1].url(), &credentials(), &root, n, 4000, 8192, &[])).collect();
+    put_facts(&mut etcd, &[("desired/service/cut/image", "builtin:http"), ("intent/user/service/cut/instances", "2")]).await;
+    wait_for("cut's two endpoints", T, || {
+        let mut e = etcd.clone();
+        async move { endpoints(&mut e, "cut").await.len() == 2 }
+    })
+    .await;
+    let victim = get(&mut etcd, "placement/instance/cut-0").await.unwrap();
+    let idx = agents.iter().position(|a| a.node == victim).unwrap();
+    let cut_at = Instant::now();
+    proxies[idx].cut();
+    // Every 50 ms until cut-0 serves from the other node: never two processes
+    // for one instance, and the partitioned copy gone before its replacement.
+    let (mut most, mut fenced, mut moved) = (0, None, None);
+    let deadline = Instant::now() + Duration::from_secs(TTL + 15);
+    while moved.is_none() && Instant::now() < deadline {
+        let procs = processes_of("cut");
+        most = most.max(procs.values().map(Vec::len).max().unwrap_or(0));
+        if fenced.is_none() && procs.get("cut-0").is_none_or(|p| p.is_empty()) {
+            fenced = Some(cut_at.elapsed());
+        }
+        let placed = get(&mut etcd, "placement/instance/cut-0").await;
+        if placed.as_ref().is_some_and(|n| *n != victim) && endpoints(&mut etcd, "cut").await.contains_key("cut-0") {
+            moved = Some(cut_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (fenced, moved) = (fenced.expect("the partitioned instance was fenced"), moved.expect("cut-0 runs elsewhere"));
+    eprintln!("partition: cut-0 fenced at {fenced:?}, serving elsewhere at {moved:?}, most processes for one instance {most}");
+    assert_eq!(most, 1, "an instance ran twice across the partition");
+    assert!(fenced <= moved, "the partitioned copy outlived its replacement's start");
+    assert!(agents[idx].child.as_mut().unwrap().try_wait().unwrap().is_none(), "the partitioned agent itself lives on");
+    // Healed: the agent registers again and runs nothing twice.
+    proxies[idx].heal();
+    wait_for("the healed agent's node is alive again", T, || {
+        let mut e = etcd.clone();
+        let node = victim.clone();
+        async move { get(&mut e, &format!("observed/node/{node}/alive")).await.is_some() }
+    })
+    .await;
+    assert!(processes_of("cut").values().all(|p| p.len() <= 1), "{:?}", processes_of("cut"));
+}
+
 /// A controller and three ready agents running six instances of `web` (this
 /// image, a tcp readiness probe), all six serving: what the drain and rollout
 /// tests start from. The second value keeps the processes alive.

@@ -603,3 +603,60 @@ pub fn http_status(port: u16, path: &str) -> Option<u16> {
     s.read_to_string(&mut body).ok()?;
     body.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// A TCP proxy in front of etcd that can be cut (a network partition between
+/// one agent and etcd: connections reset, new ones refused) and healed.
+pub struct Proxy {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    live: std::sync::Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+#[allow(dead_code)]
+impl Proxy {
+    pub fn start(target: &str) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let target = target.trim_start_matches("http://").to_string();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let live: std::sync::Arc<Mutex<Vec<std::net::TcpStream>>> = Default::default();
+        let (c, l) = (cut.clone(), live.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                if c.load(Ordering::SeqCst) {
+                    continue; // dropped: the partition refuses it
+                }
+                let Ok(up) = std::net::TcpStream::connect(&target) else { continue };
+                {
+                    let mut live = l.lock().unwrap();
+                    live.push(conn.try_clone().unwrap());
+                    live.push(up.try_clone().unwrap());
+                }
+                for (mut from, mut to) in [(conn.try_clone().unwrap(), up.try_clone().unwrap()), (up, conn)] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { port, cut, live }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Cuts every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for s in self.live.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
