@@ -374,3 +374,24 @@ fn plan_with_shows_what_a_change_would_do() {
     assert!(text(&out.stderr).contains("with.facts:5: intent/user/service/api/instances = \"many\" would be rejected"), "{}", text(&out.stderr));
     assert_eq!(std::fs::read_to_string(&base).unwrap(), before, "nothing written");
 }
+
+#[test]
+fn agent_confinement_flags_refuse_root_reversed_and_non_positive_values_by_name() {
+    let base = ["agent", "--node", "n1", "--cpu", "1000", "--memory", "1000", "--address", "127.0.0.1", "--etcd", "http://127.0.0.1:1"];
+    for (flag, value, says) in [
+        ("--instance-uids", "0-10", "uid 0 is root"),
+        ("--instance-uids", "300-200", "START <= END"),
+        ("--instance-uids", "lots", "START-END"),
+        ("--instance-pids-max", "0", "--instance-pids-max must be a positive"),
+        ("--instance-pids-max", "-5", "--instance-pids-max must be a positive"),
+    ] {
+        let mut args = base.to_vec();
+        // `--flag=value`: a value that starts with `-` is a value, not a flag.
+        let arg = format!("{flag}={value}");
+        args.push(&arg);
+        let out = ccattler(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
+}

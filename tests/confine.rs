@@ -32,6 +32,15 @@ fn read_pid(path: &Path) -> Option<i32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// Waits until `path` exists (an instance or probe wrote it; they write and rename).
+async fn appears(what: &str, path: &Path) {
+    wait_for(what, T, || {
+        let p = path.to_path_buf();
+        async move { p.exists() }
+    })
+    .await;
+}
+
 /// A directory any instance user may write its findings to.
 fn drop_box(root: &Path) -> PathBuf {
     let d = root.join("dropbox");
@@ -107,21 +116,13 @@ async fn instances_run_as_their_own_users_cannot_read_each_others_environment_an
         &[("probe/env/method", &format!("exec:env > {}/probe-env.tmp; mv {}/probe-env.tmp {}/probe-env", out.display(), out.display(), out.display()))],
     )
     .await;
-    wait_for("the snoop has looked", T, || {
-        let s = seen.clone();
-        async move { s.exists() }
-    })
-    .await;
+    appears("the snoop has looked", &seen).await;
     let seen = std::fs::read_to_string(&seen).unwrap();
     assert!(!seen.contains("canary-token-9f3"), "an instance read another's environment");
     assert!(!seen.contains("CCATTLER_ETCD"), "an instance read the agent's environment");
     let uid: u32 = std::fs::read_to_string(out.join("uid")).unwrap().trim().parse().unwrap();
     assert!(uid >= 200_000, "the instance runs as uid {uid}, not a user of its own");
-    wait_for("the exec probe ran", T, || {
-        let p = out.join("probe-env");
-        async move { p.exists() }
-    })
-    .await;
+    appears("the exec probe ran", &out.join("probe-env")).await;
     let probe_env = std::fs::read_to_string(out.join("probe-env")).unwrap();
     assert!(probe_env.contains("PORT="), "{probe_env}");
     for leaked in ["CCATTLER_", "CARGO", "RUST"] {

@@ -830,10 +830,14 @@ impl Agent {
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             if runtime::alive(proc.pid, proc.start_time) || cgroup.as_ref().is_some_and(|c| !c.procs().is_empty()) {
-                if let Some(c) = &cgroup {
-                    c.kill_until_empty(100);
-                }
-                runtime::signal_group(proc.pid, libc::SIGKILL);
+                // Killing until the cgroup is empty waits between rounds: off the runtime's threads.
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Some(c) = &cgroup {
+                        c.kill_until_empty(100);
+                    }
+                    runtime::signal_group(proc.pid, libc::SIGKILL);
+                })
+                .await;
             }
         });
     }

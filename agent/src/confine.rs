@@ -118,14 +118,15 @@ impl Cgroups {
     }
 }
 
-/// Kubernetes' cpu shares (1024 a core, at least 2) for a request in millicores.
+/// Kubernetes' cpu shares (1024 a core, between the kernel's 2 and 262144)
+/// for a request in millicores.
 pub fn shares(millicores: i64) -> u64 {
-    ((millicores.max(0) as u64).saturating_mul(1024) / 1000).max(2)
+    ((millicores.max(0) as u64).saturating_mul(1024) / 1000).clamp(2, 262_144)
 }
 
 /// Kubernetes' shares → cgroup v2 weight (1..=10000).
 pub fn weight(millicores: i64) -> u64 {
-    let s = shares(millicores).min(262_144);
+    let s = shares(millicores);
     1 + ((s - 2) * 9999) / 262_142
 }
 
@@ -152,7 +153,8 @@ impl InstanceCgroup {
             }
             Ok(())
         };
-        let bytes = limits.memory_mib.filter(|m| *m > 0).map(|m| (m as u64).saturating_mul(1 << 20));
+        // More than the kernel can count is no limit at all.
+        let bytes = limits.memory_mib.filter(|m| *m > 0).and_then(|m| (m as u64).checked_mul(1 << 20)).filter(|b| *b <= i64::MAX as u64);
         let pids = limits.pids.filter(|p| *p > 0);
         let cpu = limits.cpu_millicores.filter(|c| *c > 0);
         if self.v2 {
@@ -215,13 +217,6 @@ impl InstanceCgroup {
             .ok()
             .and_then(|s| s.lines().find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok())))
             .unwrap_or(0)
-    }
-
-    /// Memory in use (bytes), from the cgroup's own counter.
-    pub fn memory_bytes(&self) -> Option<u64> {
-        let dir = self.memory.as_ref()?;
-        let file = if self.v2 { "memory.current" } else { "memory.usage_in_bytes" };
-        std::fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
     }
 
     /// Removes the directories (only empty cgroups can be removed).
@@ -368,6 +363,11 @@ mod tests {
         assert_eq!(read("memory", "memory.limit_in_bytes"), (64u64 << 20).to_string());
         assert_eq!(read("cpu", "cpu.shares"), "512");
         assert_eq!(read("pids", "pids.max"), "100");
+        // A request too large to be a byte count is no limit, never a wrapped one.
+        cg.create(&Limits { memory_mib: Some(i64::MAX), cpu_millicores: Some(i64::MAX), pids: Some(-3) }).unwrap();
+        assert_eq!(read("memory", "memory.limit_in_bytes"), "-1");
+        assert_eq!(read("pids", "pids.max"), "max");
+        assert_eq!(read("cpu", "cpu.shares"), "262144", "the kernel's most");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
