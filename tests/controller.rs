@@ -126,7 +126,7 @@ async fn two_controllers_one_writes_and_the_standby_takes_over_after_kill_9() {
     a.signal("-KILL");
     let _ = a.child.wait();
     let killed_at = Instant::now();
-    // The leader key expires with a's lease (TTL 2 s); b takes over.
+    // a's heartbeat stops; once the leader key stood still for the TTL (2 s), b takes over.
     wait_for("b leads", Duration::from_secs(10), || async { b.metric("leader") == Some(1.0) }).await;
     let takeover = killed_at.elapsed();
     assert!(takeover < Duration::from_secs(6), "took over after {takeover:?}");
@@ -203,13 +203,13 @@ async fn a_rule_output_on_the_leader_key_or_secrets_is_refused_at_start_and_on_r
     assert!(c.log().contains("reserved-output") && c.log().contains("leadership key"), "{}", c.log());
     assert_eq!(get(&mut etcd, "effective/service/web/instances").await, None, "nothing derived");
 
-    // On reload: refused, the old rules keep running and leadership stays the lease's.
+    // On reload: refused, the old rules keep running and leadership stays b's.
     std::fs::remove_file(dir.join("steal.rules")).unwrap();
     let c = Controller::start("b", &dir);
     settled(&c, &mut etcd, T).await;
-    let lease_of = |kvs: &[etcd_client::KeyValue]| kvs.first().map(|kv| (kv.lease(), kv.create_revision()));
-    let leader = lease_of(etcd.get("status/leader", None).await.unwrap().kvs());
-    assert!(leader.is_some_and(|(lease, _)| lease != 0), "the leader key is held by a lease");
+    let leader_of = |kvs: &[etcd_client::KeyValue]| kvs.first().map(|kv| (kv.value_str().unwrap().to_string(), kv.create_revision()));
+    let leader = leader_of(etcd.get("status/leader", None).await.unwrap().kvs());
+    assert!(leader.as_ref().is_some_and(|(id, _)| id == "b"), "b leads");
     for (name, text) in [
         ("steal.rules", steal.to_string()),
         ("leak.rules", "input i(s: name, n: int) from \"intent/user/service/{s}/instances\"\noutput x(s: name, v: string) to \"secret/node/{s}\"\nx(s, \"v\") :- i(s, _).\n".to_string()),
@@ -227,7 +227,7 @@ async fn a_rule_output_on_the_leader_key_or_secrets_is_refused_at_start_and_on_r
         async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("3") }
     })
     .await;
-    assert_eq!(lease_of(etcd.get("status/leader", None).await.unwrap().kvs()), leader, "the leader key is untouched");
+    assert_eq!(leader_of(etcd.get("status/leader", None).await.unwrap().kvs()), leader, "the leader key is untouched");
     assert_eq!(keys(&mut etcd, "secret/node/").await, Vec::<(String, String)>::new());
 }
 
@@ -450,7 +450,7 @@ async fn a_write_back_longer_than_the_leader_ttl_keeps_leadership() {
     let leader_before = leader_key(etcd.get("status/leader", None).await.unwrap().kvs());
     assert!(leader_before.is_some(), "the controller leads");
     // 100,000 keys take the controller several seconds to write, far longer
-    // than its 2 s lease: the lease is renewed meanwhile, so no transaction is
+    // than its 2 s TTL: the key is renewed meanwhile, so no transaction is
     // refused and the leader key is the same one.
     let t = Instant::now();
     etcd.put("n/bulk", "100000", None).await.unwrap();

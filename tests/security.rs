@@ -146,21 +146,7 @@ async fn a_dead_node_whose_lease_another_agent_keeps_alive_still_fails_over() {
     let killed = Instant::now();
 
     // The attack: any etcd user may list every lease and keep it alive.
-    let mut keeper = attacker.clone();
-    let attack = tokio::spawn(async move {
-        let mut kept = std::collections::BTreeMap::new();
-        loop {
-            for l in keeper.leases().await.expect("list leases").leases() {
-                if let std::collections::btree_map::Entry::Vacant(v) = kept.entry(l.id()) {
-                    v.insert(keeper.lease_keep_alive(l.id()).await.expect("keep alive"));
-                }
-            }
-            for (k, _) in kept.values_mut() {
-                let _ = k.keep_alive().await;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    });
+    let attack = keep_every_lease_alive(attacker.clone());
     wait_for("api-0 moves off the dead node", Duration::from_secs(TTL + 3), || {
         let mut e = etcd.clone();
         let dead = dead.clone();
@@ -173,6 +159,103 @@ async fn a_dead_node_whose_lease_another_agent_keeps_alive_still_fails_over() {
     assert_eq!(get(&mut etcd, &format!("effective/node/{dead}/state")).await.as_deref(), Some("unreachable"));
     attack.abort();
     eprintln!("api-0 moved {moved:?} after its node died, its lease kept alive by {attacker_node}");
+}
+
+/// Keeps every lease etcd holds alive, as any authenticated user may
+/// (etcd checks no role on LeaseKeepAlive), until aborted.
+fn keep_every_lease_alive(mut keeper: Client) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut kept = std::collections::BTreeMap::new();
+        loop {
+            for l in keeper.leases().await.expect("list leases").leases() {
+                if let std::collections::btree_map::Entry::Vacant(v) = kept.entry(l.id()) {
+                    v.insert(keeper.lease_keep_alive(l.id()).await.expect("keep alive"));
+                }
+            }
+            for (k, _) in kept.values_mut() {
+                let _ = k.keep_alive().await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}
+
+/// The keep-alive attack on leadership: a user who keeps every lease alive
+/// (and may not write `status/`) cannot hold leadership for a dead
+/// controller. The leader key is under no lease and is judged by its
+/// heartbeat: the standby takes over within the TTL (2 s) + 2 s of kill -9,
+/// and the cluster clock moves on under it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_leader_whose_leases_a_user_keeps_alive_is_replaced_within_its_ttl() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let a = Controller::start("a", &shipped_rules());
+    settled(&a, &mut etcd, T).await;
+    let b = Controller::start("b", &shipped_rules());
+    wait_for("the standby is ready", T, || async { b.metric("revision").is_some_and(|r| r > 0.0) }).await;
+    let kv = etcd.get("status/leader", None).await.unwrap().kvs().first().cloned().expect("a leader key");
+    assert_eq!((kv.value_str().unwrap(), kv.lease()), ("a", 0), "the leader key is a's, under no lease");
+
+    let mut user = connect_as(&etcd_url(), &credentials(), "user").await;
+    assert!(user.put("status/leader", "a", None).await.is_err_and(|e| denied(&e)), "a user may not renew the leader key");
+    let attack = keep_every_lease_alive(user.clone());
+    let mut a = a;
+    a.signal("-KILL");
+    let _ = a.child.wait();
+    let killed = Instant::now();
+    wait_for("b leads", Duration::from_secs(2 + 4), || async { b.metric("leader") == Some(1.0) }).await;
+    let takeover = killed.elapsed();
+    assert!(takeover <= Duration::from_secs(2 + 2), "b took over {takeover:?} after the kill (TTL 2 s)");
+    assert_eq!(get(&mut etcd, "status/leader").await.as_deref(), Some("b"));
+    let clock = |e: &Client| {
+        let mut e = e.clone();
+        async move { get(&mut e, "status/clock").await.and_then(|v| v.parse::<i64>().ok()).unwrap_or(0) }
+    };
+    let at = clock(&etcd).await;
+    wait_for("b advances the cluster clock", T, || {
+        let e = etcd.clone();
+        async move { clock(&e).await > at }
+    })
+    .await;
+    attack.abort();
+    eprintln!("b took over {takeover:?} after a's kill -9, every lease kept alive by a user");
+}
+
+/// The same attack on the autoscaler's leader key (TTL: three periods of
+/// 1 s): the standby takes over within the TTL + 2 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_autoscaler_whose_leases_a_user_keeps_alive_is_replaced_within_its_ttl() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = scratch("autoscaler-leader");
+    let rules = shipped_rules().join("autoscaler");
+    let start = |id: &str| {
+        KillOnDrop(
+            std::process::Command::new(env!("CARGO_BIN_EXE_ccattler"))
+                .args(["autoscaler", "--period", "1", "--id", id, "--rules", rules.to_str().unwrap(), "--etcd", &etcd_url()])
+                .args(["--credentials", credentials().to_str().unwrap(), "--as", "autoscaler"])
+                .stderr(std::fs::File::create(dir.join(format!("{id}.log"))).unwrap())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut a = start("a");
+    wait_for("a leads", T, || async { get(&mut etcd.clone(), "intent/autoscaler/leader").await.as_deref() == Some("a") }).await;
+    let b = start("b");
+    let kv = etcd.get("intent/autoscaler/leader", None).await.unwrap().kvs().first().cloned().expect("a leader key");
+    assert_eq!(kv.lease(), 0, "under no lease");
+    let mut user = connect_as(&etcd_url(), &credentials(), "user").await;
+    assert!(user.put("intent/autoscaler/leader", "a", None).await.is_err_and(|e| denied(&e)), "a user may not renew it");
+    let attack = keep_every_lease_alive(user.clone());
+    a.0.kill().unwrap();
+    let _ = a.0.wait();
+    let killed = Instant::now();
+    wait_for("b leads", Duration::from_secs(3 + 4), || async { get(&mut etcd.clone(), "intent/autoscaler/leader").await.as_deref() == Some("b") }).await;
+    let takeover = killed.elapsed();
+    assert!(takeover <= Duration::from_secs(3 + 2), "b took over {takeover:?} after the kill (TTL 3 s)");
+    attack.abort();
+    drop(b);
+    eprintln!("the standby autoscaler took over {takeover:?} after the leader's kill -9");
 }
 
 /// Every regular file below `dir`, recursively.

@@ -12,17 +12,19 @@
 
 use crate::etcd::{self, EtcdConfig, EtcdError, Fence, Op, Written};
 use ccattler_engine::Session;
+use ccattler_store::leader::{self, Heartbeat, Judge};
 use ccattler_parser::program::Program;
 use etcd_client::Client;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// Everything the autoscaler writes lives under this prefix.
 pub const PREFIX: &str = "intent/autoscaler/";
-/// The key whose holder leads (under the leader's lease).
+/// The key whose holder leads (rewritten by the leader every round: see
+/// ccattler_store::leader).
 pub const LEADER_KEY: &str = "intent/autoscaler/leader";
 /// The clock its rules judge windows by, in seconds.
 pub const CLOCK_KEY: &str = "intent/autoscaler/clock";
@@ -56,38 +58,49 @@ pub async fn run(cfg: AutoscalerConfig, mut stop: tokio::sync::watch::Receiver<b
             return Err(AutoscalerError::Output(format!("output `{}` writes `{p}`", r.1.name)));
         }
     }
-    let ttl = (cfg.period.as_secs() as i64 * 3).max(3);
+    // The leader renews its key every round; a standby may take it once it
+    // stood still for three periods, and looks every STANDBY_LOOK meanwhile.
+    let ttl = judge_ttl(&cfg);
+    let mut judge = Judge::new(ttl);
+    let mut client: Option<Client> = None;
     let mut leading: Option<Leading> = None;
     loop {
         if leading.is_none() {
-            match campaign(&cfg, ttl).await {
+            match campaign(&cfg, &mut client, &mut judge).await {
                 Ok(l) => leading = l,
-                Err(e) => warn!(error = %e, "etcd unreachable; retrying"),
+                Err(e) => {
+                    warn!(error = %e, "etcd unreachable; retrying");
+                    client = None;
+                }
             }
         }
-        if let Some(Leading { client, fence, keeper, responses }) = leading.as_mut() {
-            let kept = keeper.keep_alive().await.is_ok() && matches!(responses.message().await, Ok(Some(r)) if r.ttl() > 0);
-            match round(client, fence, &program).await {
-                Ok(n) if kept => {
-                    if n > 0 {
-                        info!(keys = n, "intent written");
+        if let (Some(Leading { fence, heartbeat }), Some(c)) = (leading.as_mut(), client.as_mut()) {
+            let sent = Instant::now();
+            match leader::renew(c, fence, &cfg.id).await {
+                Ok(ours) => heartbeat.answered(sent, ours),
+                Err(e) => warn!(error = %e, "renewing leadership failed"),
+            }
+            if heartbeat.is_lost(Instant::now()) {
+                warn!("leadership lost: the leader key was not renewed in time, or is another's");
+                leading = None;
+            } else {
+                match round(c, fence, &program).await {
+                    Ok(n) if n > 0 => info!(keys = n, "intent written"),
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(error = %e, "round failed; campaigning again");
+                        leading = None;
+                        client = None;
                     }
                 }
-                Ok(_) => {
-                    warn!("the leader lease could not be renewed; campaigning again");
-                    leading = None;
-                }
-                Err(e) => {
-                    warn!(error = %e, "round failed; campaigning again");
-                    leading = None;
-                }
             }
         }
+        let wait = if leading.is_some() { cfg.period } else { cfg.period.min(STANDBY_LOOK) };
         tokio::select! {
-            _ = tokio::time::sleep(cfg.period) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.changed() => {
-                if let Some(mut l) = leading.take() {
-                    let _ = l.client.delete(LEADER_KEY, None).await;
+                if let (Some(l), Some(c)) = (leading.take(), client.as_mut()) {
+                    let _ = leader::resign(c, &l.fence).await;
                 }
                 info!("stopped");
                 return Ok(());
@@ -96,23 +109,31 @@ pub async fn run(cfg: AutoscalerConfig, mut stop: tokio::sync::watch::Receiver<b
     }
 }
 
-/// Leadership: the connection, the fence its writes compare, its lease's keep-alive.
+/// How often a standby reads the leader key.
+const STANDBY_LOOK: Duration = Duration::from_millis(500);
+
+/// Leadership: the fence its writes compare, and its heartbeat.
 struct Leading {
-    client: Client,
     fence: Fence,
-    keeper: etcd_client::LeaseKeeper,
-    responses: etcd_client::LeaseKeepAliveStream,
+    heartbeat: Heartbeat,
 }
 
-/// Takes the leader key if nobody holds it.
-async fn campaign(cfg: &AutoscalerConfig, ttl: i64) -> Result<Option<Leading>, EtcdError> {
-    let mut client = etcd::connect(&cfg.etcd).await?;
-    let Some((lease, fence)) = etcd::claim(&mut client, LEADER_KEY, &cfg.id, ttl).await? else {
+/// Takes the leader key if it is absent or stale (connecting first if need be).
+async fn campaign(cfg: &AutoscalerConfig, client: &mut Option<Client>, judge: &mut Judge) -> Result<Option<Leading>, EtcdError> {
+    let c = match client {
+        Some(c) => c,
+        None => client.insert(etcd::connect(&cfg.etcd).await?),
+    };
+    let sent = Instant::now();
+    let Some(fence) = leader::campaign(c, LEADER_KEY, &cfg.id, judge).await? else {
         return Ok(None);
     };
-    let (keeper, responses) = client.lease_keep_alive(lease).await?;
     info!(id = %cfg.id, "leading");
-    Ok(Some(Leading { client, fence, keeper, responses }))
+    Ok(Some(Leading { fence, heartbeat: Heartbeat::new(judge_ttl(cfg), sent) }))
+}
+
+fn judge_ttl(cfg: &AutoscalerConfig) -> Duration {
+    (cfg.period * 3).max(Duration::from_secs(3))
 }
 
 /// One round: the rules' facts at one revision plus the clock, to a fixed

@@ -10,7 +10,8 @@ use crate::secrets::SecretBook;
 use crate::watch::WatchReader;
 use ccattler_parser::program::Program;
 use ccattler_store::seal::ClusterKeys;
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper, WatchOptions};
+use ccattler_store::leader::{self, Heartbeat, Judge};
+use etcd_client::{Client, WatchOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -221,36 +222,47 @@ fn rules_read_clock(program: &Program) -> bool {
     ccattler_engine::facts::decode(program, CLOCK_KEY, "0").is_ok_and(|t| !t.is_empty())
 }
 
+/// Leading: the fence every write compares, and the heartbeat that keeps it
+/// (ccattler_store::leader — no lease, which any etcd user could keep alive).
 struct Leadership {
-    lease: i64,
     fence: Fence,
-    /// Turns true when the lease is gone (leadership lost).
-    lost: tokio::sync::watch::Receiver<bool>,
-    /// Renews the lease every TTL/3 on a task of its own, so a write-back or
-    /// an evaluation longer than the TTL never lets it lapse.
+    /// The renewer's view of the heartbeat.
+    heartbeat: tokio::sync::watch::Receiver<Heartbeat>,
+    /// Rewrites the leader key every TTL/3 on a task of its own, so a
+    /// write-back or an evaluation longer than the TTL never lets it lapse.
     renewer: tokio::task::JoinHandle<()>,
 }
 
 impl Leadership {
-    /// Leads under `lease`, renewing it through its keep-alive stream.
-    fn start(lease: i64, fence: Fence, ttl: i64, (mut keeper, mut responses): (LeaseKeeper, LeaseKeepAliveStream)) -> Leadership {
-        let (lost_tx, lost) = tokio::sync::watch::channel(false);
-        let period = Duration::from_millis(ttl.max(1) as u64 * 1000 / 3);
+    /// Leads by `fence`, last renewed (or created) by a request sent at `sent`.
+    fn start(client: &Client, fence: Fence, id: &str, ttl: i64, sent: Instant) -> Leadership {
+        let ttl = leader_ttl(ttl);
+        let (tx, heartbeat) = tokio::sync::watch::channel(Heartbeat::new(ttl, sent));
+        let (mut client, key, id) = (client.clone(), fence.clone(), id.to_string());
         let renewer = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
+            let mut tick = tokio::time::interval(ttl / 3);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                if !renew(&mut keeper, &mut responses).await {
-                    let _ = lost_tx.send(true);
-                    return;
+                let sent = Instant::now();
+                // A renewal that takes longer than a period is given up (the next one is sent).
+                match tokio::time::timeout(ttl / 3, leader::renew(&mut client, &key, &id)).await {
+                    Ok(Ok(ours)) => {
+                        tx.send_modify(|h| h.answered(sent, ours));
+                        if !ours {
+                            return;
+                        }
+                    }
+                    Ok(Err(e)) => warn!(error = %e, "renewing leadership failed; trying again"),
+                    Err(_) => warn!("renewing leadership timed out; trying again"),
                 }
             }
         });
-        Leadership { lease, fence, lost, renewer }
+        Leadership { fence, heartbeat, renewer }
     }
 
     fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.heartbeat.borrow().is_lost(Instant::now())
     }
 }
 
@@ -260,21 +272,25 @@ impl Drop for Leadership {
     }
 }
 
-/// Tries to become leader: creates the leader key under a new lease if absent.
-async fn campaign(client: &mut Client, id: &str, ttl: i64) -> Result<Option<Leadership>, etcd_client::Error> {
-    let Some((lease, fence)) = etcd::claim(client, LEADER_KEY, id, ttl).await? else {
+fn leader_ttl(ttl: i64) -> Duration {
+    Duration::from_secs(ttl.max(1) as u64)
+}
+
+/// Tries to become leader: takes the leader key if it is absent or stale.
+async fn campaign(client: &mut Client, cfg: &ControllerConfig, judge: &mut Judge) -> Result<Option<Leadership>, etcd_client::Error> {
+    let sent = Instant::now();
+    let Some(fence) = leader::campaign(client, LEADER_KEY, &cfg.id, judge).await? else {
         return Ok(None);
     };
-    let keep_alive = client.lease_keep_alive(lease).await?;
-    Ok(Some(Leadership::start(lease, fence, ttl, keep_alive)))
+    Ok(Some(Leadership::start(client, fence, &cfg.id, cfg.leader_ttl, sent)))
 }
 
 /// A standby's campaign; on success every key is considered again, since a
 /// standby plans nothing while it waits.
 /// An etcd error here means the connection is unusable (its member may be
 /// gone): the caller connects again, to a member that answers.
-async fn take_over(client: &mut Client, cfg: &ControllerConfig, r: &mut Reconciler) -> Result<Option<Leadership>, etcd_client::Error> {
-    let leader = campaign(client, &cfg.id, cfg.leader_ttl).await?;
+async fn take_over(client: &mut Client, cfg: &ControllerConfig, r: &mut Reconciler, judge: &mut Judge) -> Result<Option<Leadership>, etcd_client::Error> {
+    let leader = campaign(client, cfg, judge).await?;
     if leader.is_some() {
         info!(id = %cfg.id, "took over leadership");
         r.mark_all_dirty();
@@ -282,27 +298,13 @@ async fn take_over(client: &mut Client, cfg: &ControllerConfig, r: &mut Reconcil
     Ok(leader)
 }
 
-/// After a reconnect: keeps leading if the leader key is still ours and its
-/// lease still lives.
-async fn resume(client: &mut Client, lease: i64, fence: Fence, ttl: i64) -> Option<Leadership> {
-    if !still_leader(client, &fence).await {
-        return None;
-    }
-    let (mut keeper, mut responses) = client.lease_keep_alive(lease).await.ok()?;
-    if !renew(&mut keeper, &mut responses).await {
-        return None;
-    }
-    Some(Leadership::start(lease, fence, ttl, (keeper, responses)))
-}
-
-/// Renews a lease once; false if it is gone.
-async fn renew(keeper: &mut LeaseKeeper, responses: &mut LeaseKeepAliveStream) -> bool {
-    if keeper.keep_alive().await.is_err() {
-        return false;
-    }
-    match tokio::time::timeout(Duration::from_secs(3), responses.message()).await {
-        Ok(Ok(Some(resp))) => resp.ttl() > 0,
-        _ => false,
+/// After a reconnect: keeps leading if the leader key is still ours (one
+/// renewal succeeds).
+async fn resume(client: &mut Client, fence: Fence, cfg: &ControllerConfig) -> Option<Leadership> {
+    let sent = Instant::now();
+    match leader::renew(client, &fence, &cfg.id).await {
+        Ok(true) => Some(Leadership::start(client, fence, &cfg.id, cfg.leader_ttl, sent)),
+        _ => None,
     }
 }
 
@@ -348,8 +350,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     }
     let mut hup = signal(SignalKind::hangup())?;
     let mut reconciler: Option<Reconciler> = None;
-    // The lease and fence of the leadership held before a reconnect, if any.
-    let mut held_lease: Option<(i64, Fence)> = None;
+    // The fence of the leadership held before a reconnect, if any.
+    let mut held_fence: Option<Fence> = None;
+    // What this controller knows of the leader key, across reconnects.
+    let mut judge = Judge::new(leader_ttl(cfg.leader_ttl));
     let mut backoff = Duration::from_millis(100);
     // One op of each list is the fence / derived revision.
     let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
@@ -412,19 +416,21 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         let mut watch = WatchReader::spawn(watcher, stream, shared.clone());
         backoff = Duration::from_millis(100);
         shared.ready.store(true, Ordering::SeqCst);
-        let mut leader = match held_lease.take() {
-            Some((lease, fence)) => resume(&mut client, lease, fence, cfg.leader_ttl).await,
+        let mut leader = match held_fence.take() {
+            Some(fence) => resume(&mut client, fence, &cfg).await,
             None => None,
         };
         if leader.is_some() {
             info!(id = %cfg.id, "still leading after reconnecting");
         } else {
-            leader = campaign(&mut client, &cfg.id, cfg.leader_ttl).await.ok().flatten();
+            leader = campaign(&mut client, &cfg, &mut judge).await.ok().flatten();
             if leader.is_some() {
                 info!(id = %cfg.id, "leading");
             }
         }
-        let mut tick = tokio::time::interval(Duration::from_millis((cfg.leader_ttl.max(1) as u64 * 1000) / 3));
+        // How often a leader checks its heartbeat and a standby its judge
+        // (no request unless the leader key may be takeable).
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
         let mut clock_tick = tokio::time::interval(Duration::from_secs(1));
         clock_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let with_clock = rules_read_clock(&program);
@@ -433,7 +439,11 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         // When a leader may plan and write (crate::gate).
         let mut gate = WriteGate::default();
         loop {
-            held_lease = leader.as_ref().map(|l| (l.lease, l.fence.clone()));
+            if leader.as_ref().is_some_and(|l| l.is_lost()) {
+                warn!("leadership lost: the leader key was not renewed in time, or is another's");
+                leader = None;
+            }
+            held_fence = leader.as_ref().map(|l| l.fence.clone());
             shared.metrics.leader.set(i64::from(leader.is_some()));
             if leader.is_none() {
                 shared.health.progress(); // a standby has nothing to write
@@ -498,7 +508,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             tokio::select! {
                 messages = watch.next_all() => {
                     // Everything the watch has already delivered goes to the engine at once.
-                    let crate::watch::Decoded { batch, observed, head, leader_gone, broken } = crate::watch::decode(messages, r.revision());
+                    let crate::watch::Decoded { batch, observed, head, leader_seen, broken } = crate::watch::decode(messages, r.revision());
                     for (key, value) in &observed {
                         book.observe(key, value.as_ref());
                     }
@@ -513,8 +523,11 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         warn!("{why}; taking a new snapshot");
                         continue 'connect;
                     }
-                    if leader_gone && leader.is_none() {
-                        leader = match take_over(&mut client, &cfg, r).await {
+                    if let Some(rev) = leader_seen {
+                        judge.saw(rev, Instant::now());
+                    }
+                    if leader.is_none() && judge.may_take(Instant::now()) {
+                        leader = match take_over(&mut client, &cfg, r, &mut judge).await {
                             Ok(l) => l,
                             Err(e) => {
                                 warn!(error = %e, "campaign failed; reconnecting");
@@ -551,10 +564,11 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 _ = tick.tick() => {
                     match leader.as_ref() {
                         Some(l) => if l.is_lost() {
-                            warn!("leader lease lost");
+                            warn!("leadership lost: the leader key was not renewed in time, or is another's");
                             leader = None;
                         },
-                        None => match take_over(&mut client, &cfg, r).await {
+                        None if !judge.worth_a_look(Instant::now()) => {}
+                        None => match take_over(&mut client, &cfg, r, &mut judge).await {
                             Ok(l) => leader = l,
                             Err(e) => {
                                 warn!(error = %e, "campaign failed; reconnecting");
@@ -591,9 +605,9 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         program = p;
                         reconciler = None;
                         if let Some(l) = leader.take() {
-                            let _ = client.lease_revoke(l.lease).await;
+                            let _ = leader::resign(&mut client, &l.fence).await;
                         }
-                        held_lease = None;
+                        held_fence = None;
                         continue 'connect;
                     }
                     Err(e) => error!("reload refused, the old rules keep running: {e}"),
@@ -806,9 +820,10 @@ async fn seal_secrets(
 
 async fn resign(client: &mut Client, leader: Option<Leadership>) -> Result<(), ControllerError> {
     if let Some(l) = leader {
-        match client.lease_revoke(l.lease).await {
-            Ok(_) => info!("resigned leadership"),
-            Err(e) => warn!(error = %e, "could not revoke the leader lease; it expires by itself"),
+        match leader::resign(client, &l.fence).await {
+            Ok(true) => info!("resigned leadership"),
+            Ok(false) => info!("leadership had already passed on"),
+            Err(e) => warn!(error = %e, "could not delete the leader key; a standby takes it once it is stale"),
         }
     }
     info!("stopped");

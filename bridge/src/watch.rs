@@ -62,8 +62,9 @@ pub struct Decoded {
     pub observed: Vec<(String, Option<Held>)>,
     /// The newest revision etcd reported.
     pub head: u64,
-    /// The leader key was deleted (a standby campaigns at once).
-    pub leader_gone: bool,
+    /// The leader key's last event: its mod revision, 0 if deleted (a
+    /// standby judges leadership by it, and campaigns at once on a delete).
+    pub leader_seen: Option<i64>,
     /// The watch is over: take a new snapshot (why).
     pub broken: Option<String>,
 }
@@ -79,7 +80,9 @@ pub fn decode(messages: Vec<WatchMsg>, applied: u64) -> Decoded {
             WatchMsg::Events { head, events } => {
                 out.head = out.head.max(head);
                 for e in events {
-                    out.leader_gone |= e.key == LEADER_KEY && e.value.is_none();
+                    if e.key == LEADER_KEY {
+                        out.leader_seen = Some(if e.value.is_some() { e.mod_revision as i64 } else { 0 });
+                    }
                     out.observed.push((e.key.clone(), e.value.clone()));
                     by_rev.entry(e.mod_revision).or_default().push(Event { key: e.key, value: e.value });
                 }
@@ -171,7 +174,7 @@ mod tests {
         assert_eq!(revs, vec![(10, vec!["a", "b"]), (11, vec!["a"]), (12, vec!["b"])]);
         assert_eq!(d.head, 12);
         assert_eq!(d.observed.len(), 4);
-        assert!(d.broken.is_none() && !d.leader_gone);
+        assert!(d.broken.is_none() && d.leader_seen.is_none());
     }
 
     #[test]
@@ -181,11 +184,11 @@ mod tests {
     }
 
     #[test]
-    fn a_deleted_leader_key_is_noticed() {
-        let d = decode(vec![WatchMsg::Events { head: 5, events: vec![del(LEADER_KEY, 5)] }], 0);
-        assert!(d.leader_gone);
+    fn the_leader_keys_last_event_is_noticed() {
+        let d = decode(vec![WatchMsg::Events { head: 5, events: vec![put(LEADER_KEY, "x", 4), del(LEADER_KEY, 5)] }], 0);
+        assert_eq!(d.leader_seen, Some(0), "deleted");
         let d = decode(vec![WatchMsg::Events { head: 5, events: vec![put(LEADER_KEY, "x", 5)] }], 0);
-        assert!(!d.leader_gone);
+        assert_eq!(d.leader_seen, Some(5), "renewed");
     }
 
     #[test]

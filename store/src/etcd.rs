@@ -292,25 +292,6 @@ pub struct Fence {
     pub create_revision: i64,
 }
 
-/// Campaigns for `key`: creates `key = id` under a new lease of `ttl`
-/// seconds if nobody holds it, and returns the lease and the fence its
-/// holder's writes compare; None (the lease revoked) while another holds it.
-pub async fn claim(client: &mut Client, key: &str, id: &str, ttl: i64) -> Result<Option<(i64, Fence)>, etcd_client::Error> {
-    let lease = client.lease_grant(ttl, None).await?.id();
-    let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
-        key,
-        id,
-        Some(etcd_client::PutOptions::new().with_lease(lease)),
-    )]);
-    let resp = client.txn(txn).await?;
-    if !resp.succeeded() {
-        let _ = client.lease_revoke(lease).await;
-        return Ok(None);
-    }
-    let create_revision = resp.header().map_or(0, |h| h.revision());
-    Ok(Some((lease, Fence { key: key.into(), create_revision })))
-}
-
 /// The outcome of one transaction.
 pub enum Written {
     /// Committed at this revision.

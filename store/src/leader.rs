@@ -1,0 +1,181 @@
+//! Leadership judged by a heartbeat only the leader's etcd role can write.
+//!
+//! etcd checks no role on `LeaseKeepAlive`: any authenticated user can keep
+//! any lease alive, so a leader key under a lease proves nothing once its
+//! holder is dead. Here the leader key (`status/leader`, the autoscaler's
+//! `intent/autoscaler/leader`) holds the leader's name under no lease, and
+//! the leader rewrites it every TTL/3 — a put that only its role may make,
+//! fenced by the key's create revision so it never revives a successor's key.
+//! A standby judges the key by its own monotonic clock ([`Judge`]): a key
+//! whose mod revision has not moved for TTL since the standby first saw that
+//! revision is stale, and the standby deletes it (compare-and-swap on that
+//! revision) and creates its own. A takeover is therefore bounded by TTL plus
+//! how late the standby learns of the last renewal.
+//!
+//! Invariant: a leader that has not renewed for TTL − [`margin`], counted
+//! from before its last successful renewal was *sent*, stops writing; a
+//! standby takes over no earlier than TTL after it *saw* that renewal. Every
+//! write is fenced by the key's create revision besides, so a late write of a
+//! deposed leader fails.
+
+use crate::etcd::Fence;
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use std::time::{Duration, Instant};
+
+/// How long before the TTL a leader stops trusting its last renewal.
+pub fn margin(ttl: Duration) -> Duration {
+    (ttl / 4).min(Duration::from_secs(2))
+}
+
+/// What a standby knows of the leader key: the mod revision it last saw
+/// (0: absent) and since when.
+#[derive(Clone, Debug)]
+pub struct Judge {
+    ttl: Duration,
+    seen: Option<(i64, Instant)>,
+}
+
+impl Judge {
+    pub fn new(ttl: Duration) -> Judge {
+        Judge { ttl, seen: None }
+    }
+
+    /// The key was seen at `mod_revision` (0: absent) at `now`; the clock
+    /// restarts only when the revision moved.
+    pub fn saw(&mut self, mod_revision: i64, now: Instant) {
+        match self.seen {
+            Some((rev, _)) if rev == mod_revision => {}
+            _ => self.seen = Some((mod_revision, now)),
+        }
+    }
+
+    /// Whether a campaign may take the key at `now`: it is absent, or was
+    /// not renewed for the TTL (never judged stale before it was seen).
+    pub fn may_take(&self, now: Instant) -> bool {
+        match self.seen {
+            None => false,
+            Some((0, _)) => true,
+            Some((_, since)) => now.duration_since(since) >= self.ttl,
+        }
+    }
+
+    /// Whether it is worth asking etcd: never looked, or the key may be takeable.
+    pub fn worth_a_look(&self, now: Instant) -> bool {
+        self.seen.is_none() || self.may_take(now)
+    }
+}
+
+/// Campaigns for `key`: reads it and, if it is absent or the judge finds
+/// it stale, takes it for `id`; the fence its writes compare, or None while
+/// another holds it.
+pub async fn campaign(client: &mut Client, key: &str, id: &str, judge: &mut Judge) -> Result<Option<Fence>, etcd_client::Error> {
+    let resp = client.get(key, None).await?;
+    let now = Instant::now();
+    let held = resp.kvs().first().map(|kv| kv.mod_revision());
+    judge.saw(held.unwrap_or(0), now);
+    if !judge.may_take(now) {
+        return Ok(None);
+    }
+    if let Some(rev) = held {
+        // Stale: delete it as it was seen; another standby may win the race.
+        let txn = Txn::new().when([Compare::mod_revision(key, CompareOp::Equal, rev)]).and_then([TxnOp::delete(key, None)]);
+        if !client.txn(txn).await?.succeeded() {
+            return Ok(None);
+        }
+    }
+    let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(key, id, None)]);
+    let resp = client.txn(txn).await?;
+    if !resp.succeeded() {
+        return Ok(None);
+    }
+    let create_revision = resp.header().map_or(0, |h| h.revision());
+    Ok(Some(Fence { key: key.into(), create_revision }))
+}
+
+/// Rewrites the leader key (its heartbeat); false if it is no longer ours.
+pub async fn renew(client: &mut Client, fence: &Fence, id: &str) -> Result<bool, etcd_client::Error> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)])
+        .and_then([TxnOp::put(fence.key.clone(), id, None)]);
+    Ok(client.txn(txn).await?.succeeded())
+}
+
+/// Deletes the leader key if it is still ours (a standby takes over at once).
+pub async fn resign(client: &mut Client, fence: &Fence) -> Result<bool, etcd_client::Error> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)])
+        .and_then([TxnOp::delete(fence.key.clone(), None)]);
+    Ok(client.txn(txn).await?.succeeded())
+}
+
+/// A leader's own view of its heartbeat: when its last successful renewal
+/// was sent, and whether etcd said the key is no longer ours.
+#[derive(Clone, Debug)]
+pub struct Heartbeat {
+    ttl: Duration,
+    renewed: Instant,
+    lost: bool,
+}
+
+impl Heartbeat {
+    /// Starts from a renewal (or the creation) sent at `sent`.
+    pub fn new(ttl: Duration, sent: Instant) -> Heartbeat {
+        Heartbeat { ttl, renewed: sent, lost: false }
+    }
+
+    /// A renewal sent at `sent` was answered: `ours` is whether it committed.
+    pub fn answered(&mut self, sent: Instant, ours: bool) {
+        if ours {
+            self.renewed = self.renewed.max(sent);
+        } else {
+            self.lost = true;
+        }
+    }
+
+    /// Whether leadership is over at `now`: the key is someone else's, or
+    /// no renewal succeeded for TTL − margin (a standby may take it soon).
+    pub fn is_lost(&self, now: Instant) -> bool {
+        self.lost || now.duration_since(self.renewed) + margin(self.ttl) >= self.ttl
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_stale_only_a_whole_ttl_after_its_revision_was_first_seen() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let mut j = Judge::new(ttl);
+        assert!(!j.may_take(t0) && j.worth_a_look(t0), "never seen: look first");
+        j.saw(7, t0);
+        assert!(!j.may_take(t0 + ttl - Duration::from_millis(1)));
+        // Seeing the same revision again does not restart the clock.
+        j.saw(7, t0 + Duration::from_secs(5));
+        assert!(j.may_take(t0 + ttl));
+        // A renewal does.
+        j.saw(9, t0 + Duration::from_secs(9));
+        assert!(!j.may_take(t0 + ttl) && !j.worth_a_look(t0 + ttl));
+        assert!(j.may_take(t0 + Duration::from_secs(19)));
+        // Absent: at once.
+        j.saw(0, t0 + Duration::from_secs(10));
+        assert!(j.may_take(t0 + Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn a_leader_stops_trusting_its_heartbeat_before_a_standby_may_take_it() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(3);
+        let mut h = Heartbeat::new(ttl, t0);
+        assert!(!h.is_lost(t0 + ttl - margin(ttl) - Duration::from_millis(1)));
+        assert!(h.is_lost(t0 + ttl - margin(ttl)));
+        h.answered(t0 + Duration::from_secs(1), true);
+        assert!(!h.is_lost(t0 + ttl));
+        // An older renewal answered late moves nothing back.
+        h.answered(t0, true);
+        assert!(!h.is_lost(t0 + ttl));
+        h.answered(t0 + Duration::from_secs(2), false);
+        assert!(h.is_lost(t0 + Duration::from_secs(2)), "the key is someone else's");
+    }
+}
