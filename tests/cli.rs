@@ -269,7 +269,7 @@ fn describe_names_a_keys_relations_their_columns_docs_and_rules() {
     let out = ccattler(&["describe", "node_state", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["kind"], "output");
-    assert_eq!(v[0]["columns"][1]["ty"], "node_state (\"ready\" | \"unreachable\" | \"cordoned\" | \"draining\" | \"drained\")");
+    assert_eq!(v[0]["columns"][1]["ty"], "node_state (\"ready\" | \"unreachable\" | \"cordoned\" | \"draining\" | \"drained\" | \"impaired\")");
     assert!(v[0]["doc"].as_str().unwrap().contains("Whether a node can run instances"));
     let out = ccattler(&["describe", "efective_cpu"]);
     assert_eq!(out.status.code(), Some(1));

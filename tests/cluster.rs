@@ -247,6 +247,68 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
     assert_eq!(processes_of("train").len(), 1);
 }
 
+/// The 900 KB config wedge: a node's view larger than etcd's 4 MiB message
+/// limit (20 instances × 240 KB of config) is read in pages, and every
+/// instance starts with its config; a config past one instance's budget
+/// (900 KB) is refused with its reason under `status/config/`, its instance
+/// waits, and the node stays ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_past_etcds_message_limit_is_read_in_pages_and_a_900_kb_config_is_refused_by_name() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("big-view");
+    let _c = Controller::start("big-view", &shipped_rules());
+    let _agent = Agent::start(&root, 1, 4000, 8192, &[]);
+    let (a, b) = ("a".repeat(120_000), "b".repeat(120_000));
+    put_facts(
+        &mut etcd,
+        &[
+            ("desired/service/big/image", "builtin:http"),
+            ("desired/service/big/cpu", "10"),
+            ("desired/config/big/A", &a),
+            ("desired/config/big/B", &b),
+            ("intent/user/service/big/instances", "20"),
+        ],
+    )
+    .await;
+    wait_for("all 20 instances of big run", Duration::from_secs(90), || {
+        let mut e = etcd.clone();
+        async move {
+            let mut running = 0;
+            for i in 0..20 {
+                running += usize::from(get(&mut e, &format!("effective/instance/big-{i}/state")).await.as_deref() == Some("running"));
+            }
+            running == 20
+        }
+    })
+    .await;
+    let view: usize = etcd
+        .get("effective/node/node-1/", Some(etcd_client::GetOptions::new().with_prefix().with_keys_only()))
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .filter(|kv| kv.key_str().unwrap().contains("/config/"))
+        .count();
+    assert_eq!(view, 40, "20 instances × 2 config entries in the node's view (≈ 4.8 MB)");
+    let pid = processes_of("big")["big-19"][0];
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(environ.windows(a.len() + 2).any(|w| w == format!("A={a}").as_bytes()), "big-19 runs with its config");
+
+    etcd.put("desired/service/huge/image", "builtin:http", None).await.unwrap();
+    etcd.put("desired/config/huge/BLOB", "x".repeat(900_000), None).await.unwrap();
+    etcd.put("intent/user/service/huge/instances", "1", None).await.unwrap();
+    wait_for("huge's config is refused by name", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/config/huge").await.is_some_and(|r| r.contains("config entry BLOB is 900006 characters")) }
+    })
+    .await;
+    assert!(get(&mut etcd, "status/unplaced/huge-0").await.is_some_and(|r| r.contains("status/config/huge")));
+    assert_eq!(get(&mut etcd, "placement/instance/huge-0").await, None);
+    assert_eq!(get(&mut etcd, "effective/node/node-1/state").await.as_deref(), Some("ready"));
+    assert_eq!(get(&mut etcd, "observed/node/node-1/view_error").await, None);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_restarted_after_kill_9_adopts_its_instances_and_a_crashed_instance_restarts() {
     let _serial = serial();

@@ -255,6 +255,10 @@ pub struct Agent {
     key: NodeKey,
     /// Set by a fresh read: leftover instance dirs are swept once per read.
     fresh: bool,
+    /// Why the view could not be read, while etcd refuses it for good (not a
+    /// lost connection): reported as `observed/node/N/view_error`, which the
+    /// rules turn into the node's `impaired` state.
+    view_error: Option<String>,
     /// Persistent volumes on disk (read at start, added to as instances start).
     volumes: BTreeSet<String>,
     conn: Option<Conn>,
@@ -338,6 +342,7 @@ impl Agent {
             secrets: Secrets::new(),
             key,
             fresh: false,
+            view_error: None,
             volumes: BTreeSet::new(),
             conn: None,
             next_connect: Instant::now(),
@@ -523,8 +528,21 @@ impl Agent {
                 self.secrets = wanted.secrets;
                 self.fresh = true;
                 self.written = written;
+                if self.view_error.take().is_some() {
+                    tracing::info!("the node's view is readable again");
+                }
             }
-            Err(e) => self.lost(&format!("reading placements: {e}")),
+            // The connection works but etcd will not hand the view over: say
+            // so (acting on the last view read) rather than reconnect forever.
+            Err(e) => match ccattler_store::etcd::permanent_refusal(&e) {
+                Some(why) => {
+                    if self.view_error.is_none() {
+                        tracing::error!(reason = %why, "the node's view cannot be read; reporting it and acting on the last view read");
+                    }
+                    self.view_error = Some(format!("reading the node's view: {why}"));
+                }
+                None => self.lost(&format!("reading placements: {e}")),
+            },
         }
     }
 
@@ -897,6 +915,9 @@ impl Agent {
             put(ObservedKey::new(node, &format!("resource/{r}")), amount.to_string(), false);
         }
         put(ObservedKey::new(node, "alive"), lease.to_string(), true);
+        if let Some(why) = &self.view_error {
+            put(ObservedKey::new(node, "view_error"), why.clone(), true);
+        }
         // Only instances placed here: one that moved away is the new node's to report.
         let placed = |name: &String| self.wanted.as_ref().is_some_and(|w| w.contains_key(name));
         for (name, inst) in self.instances.iter().filter(|(name, _)| placed(name)) {

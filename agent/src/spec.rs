@@ -6,9 +6,9 @@
 //! in memory only). All three are read at one revision.
 
 use crate::probe::Method;
-use ccattler_store::layout;
+use ccattler_store::{etcd, layout};
 use ccattler_store::seal::{NodeKey, Plain};
-use etcd_client::{Client, GetOptions};
+use etcd_client::Client;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -58,19 +58,27 @@ pub struct Wanted {
     pub secrets: Secrets,
 }
 
-/// Keys under `prefix` at `rev`, with the prefix cut off.
+/// Every key under `p` at `rev` (its prefix cut off), read in pages: a view
+/// of any size is read, each response under etcd's message limit.
 async fn prefix(client: &mut Client, p: &str, rev: i64) -> Result<Vec<(String, String)>, etcd_client::Error> {
-    let resp = client.get(p, Some(GetOptions::new().with_prefix().with_revision(rev))).await?;
-    Ok(resp.kvs().iter().filter_map(|kv| Some((kv.key_str().ok()?.strip_prefix(p)?.to_string(), kv.value_str().ok()?.to_string()))).collect())
+    let mut out = Vec::new();
+    etcd::read_pages(client, &[p.to_string()], VIEW_PAGE, rev, |kvs| {
+        out.extend(kvs.into_iter().filter_map(|(k, h)| Some((k.strip_prefix(p)?.to_string(), h.value))));
+        true
+    })
+    .await?;
+    Ok(out)
 }
 
-/// Reads the node's view at one revision.
+/// Keys in the first page of a view prefix (later pages are sized by bytes).
+const VIEW_PAGE: i64 = 500;
+
+/// Reads the node's view at one revision (the revision of a first read of
+/// its placements), each prefix in pages.
 pub async fn read(client: &mut Client, node: &str, key: &NodeKey) -> Result<Wanted, etcd_client::Error> {
     let placed_prefix = layout::placement_prefix(node);
-    let first = client.get(placed_prefix.as_str(), Some(GetOptions::new().with_prefix())).await?;
-    let rev = first.header().map_or(0, |h| h.revision());
-    let placed: Vec<(String, String)> =
-        first.kvs().iter().filter_map(|kv| Some((kv.key_str().ok()?.strip_prefix(&placed_prefix)?.to_string(), kv.value_str().ok()?.to_string()))).collect();
+    let rev = etcd::revision_reading(client, &placed_prefix).await?;
+    let placed = prefix(client, &placed_prefix, rev).await?;
     let view = prefix(client, &layout::view_prefix(node), rev).await?;
     let sealed = prefix(client, &layout::secret_prefix(node), rev).await?;
     Ok(assemble(placed, view, sealed, key))
