@@ -747,6 +747,67 @@ async fn healthz_fails_while_etcd_stays_unreachable_and_recovers_with_it() {
     wait_for("/healthz to recover with etcd", Duration::from_secs(30), || async { http_status(c.port, "/healthz") == Some(200) }).await;
 }
 
+/// etcd out of space (a rule deriving 40 MB into a 16 MiB quota): the
+/// controller names the NOSPACE alarm in its log and `ccattler_etcd_nospace`,
+/// `/healthz` fails (its retries are not progress); it keeps leading and
+/// deletes what the rules no longer derive once the cause is removed; after
+/// the administrator compacts, defragments and disarms, it writes again.
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_out_of_space_is_named_fails_healthz_and_recovers_once_disarmed() {
+    let _serial = serial();
+    let dir = fresh_dir("nospace");
+    let etcd = PrivateEtcd::start_with(dir.clone(), free_port(), free_port(), &["--quota-backend-bytes", "16777216"]);
+    let mut root = etcd.client().await;
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("fill.rules"),
+        "input blob(v: string) from \"fill/blob\"\ninput copies(n: int) from \"fill/copies\"\n\
+         output copy(i: int, v: string) to \"effective/fill/{i}\"\n// n copies of the blob\ncopy(i, v) :- blob(v), copies(n), i in 0..n.\n",
+    )
+    .unwrap();
+    let c = Controller::start_with(&etcd.url(), &etcd.credentials(), &etcd.secret_key(), "full", &rules, &["--stall-bound", "3"], &[]);
+    wait_for("healthy and leading", T, || async { http_status(c.port, "/healthz") == Some(200) && c.metric("leader") == Some(1.0) }).await;
+    root.put("fill/blob", "z".repeat(100_000), None).await.unwrap();
+    root.put("fill/copies", "400", None).await.unwrap();
+    wait_for("the NOSPACE alarm is named", Duration::from_secs(60), || async { c.metric("etcd_nospace") == Some(1.0) }).await;
+    assert!(c.log().contains("NOSPACE alarm"), "{}", c.log());
+    wait_for("/healthz fails while etcd is out of space", Duration::from_secs(30), || async { http_status(c.port, "/healthz") == Some(503) }).await;
+
+    // Remove the cause (a delete is allowed under the alarm): the controller,
+    // still leading, deletes what the rules no longer derive, alarm or not.
+    root.delete("fill/copies", None).await.unwrap();
+    let count = |e: &Client| {
+        let mut e = e.clone();
+        async move { e.get("effective/fill/", Some(etcd_client::GetOptions::new().with_prefix().with_count_only())).await.unwrap().count() }
+    };
+    wait_for("the controller deletes every copy under the alarm", Duration::from_secs(60), || {
+        let e = root.clone();
+        async move { count(&e).await == 0 }
+    })
+    .await;
+    assert_eq!(c.metric("leader"), Some(1.0), "leadership held through the alarm:\n{}", c.log());
+    // The administrator's part (etcd allows it root only): compact, defragment, disarm.
+    let rev = root.get("fill/blob", None).await.unwrap().header().unwrap().revision();
+    root.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();
+    root.defragment().await.unwrap();
+    let alarms = root.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.unwrap();
+    for a in alarms.alarms() {
+        let mut opts = etcd_client::AlarmOptions::new();
+        opts.with_member(a.member_id());
+        root.alarm(etcd_client::AlarmAction::Deactivate, etcd_client::AlarmType::Nospace, Some(opts)).await.unwrap();
+    }
+    wait_for("healthy again once disarmed", Duration::from_secs(30), || async { http_status(c.port, "/healthz") == Some(200) && c.metric("etcd_nospace") == Some(0.0) }).await;
+    root.put("fill/copies", "2", None).await.unwrap();
+    wait_for("new keys are derived again", T, || {
+        let e = root.clone();
+        async move { count(&e).await == 2 }
+    })
+    .await;
+    assert_eq!(c.metric("etcd_nospace"), Some(0.0));
+    assert_eq!(c.metric("leader"), Some(1.0));
+}
+
 #[tokio::test]
 async fn odd_bytes_are_rejected_and_recorded_never_read_lossily() {
     let _serial = serial();

@@ -308,13 +308,6 @@ async fn resume(client: &mut Client, fence: Fence, cfg: &ControllerConfig) -> Op
     }
 }
 
-/// Whether the leader key is still the one this controller created.
-async fn still_leader(client: &mut Client, fence: &Fence) -> bool {
-    match client.get(LEADER_KEY, None).await {
-        Ok(resp) => resp.kvs().first().is_some_and(|kv| kv.create_revision() == fence.create_revision),
-        Err(_) => false,
-    }
-}
 
 /// Runs until SIGTERM or SIGINT. Rules must check at start; later reloads
 /// (SIGHUP) that fail the checker are refused and the old rules keep running.
@@ -354,6 +347,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let mut held_fence: Option<Fence> = None;
     // What this controller knows of the leader key, across reconnects.
     let mut judge = Judge::new(leader_ttl(cfg.leader_ttl));
+    // Since when etcd refuses puts for want of space: meanwhile write-back
+    // only deletes (what filled etcd may be what the rules no longer derive),
+    // trying a whole write-back again every NOSPACE_RETRY.
+    let mut nospace_since: Option<Instant> = None;
     let mut backoff = Duration::from_millis(100);
     // One op of each list is the fence / derived revision.
     let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
@@ -389,7 +386,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         };
         let r = reconciler.as_mut().expect("the snapshot was loaded into it");
         info!(revision = rev, keys, seconds = t.elapsed().as_secs_f64(), "snapshot loaded");
-        shared.health.progress();
+        // (A snapshot is no progress: a controller that reconnects over and
+        // over writes nothing.)
         shared.health.applied(rev as u64);
         shared.metrics.observe(r, rev as u64);
         // The watch gets a connection of its own: a backlog of watch data left
@@ -445,13 +443,30 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             }
             held_fence = leader.as_ref().map(|l| l.fence.clone());
             shared.metrics.leader.set(i64::from(leader.is_some()));
+            // A standby has nothing to write while another leads; with no
+            // live leader (its key stale or absent, and ours not taken) the
+            // cluster's write-back stands still.
             if leader.is_none() {
-                shared.health.progress(); // a standby has nothing to write
+                if judge.may_take(Instant::now()) {
+                    shared.health.no_progress("no controller leads: the leader key is stale or absent and this one could not take it".into());
+                } else {
+                    shared.health.progress();
+                }
             }
             let open = gate.open(r.revision(), watch.backlog(), Instant::now());
             let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| open);
             if let Some(fence) = fence {
-                match write_back(&mut client, r, &fence, budget, &shared.metrics).await {
+                let deletes_only = nospace_since.is_some_and(|t| t.elapsed() < NOSPACE_RETRY);
+                if nospace_since.is_some() && !deletes_only {
+                    nospace_since = Some(Instant::now()); // this try decides
+                }
+                match write_back(&mut client, r, &fence, budget, &shared.metrics, deletes_only).await {
+                    Ok(WriteBack::Idle | WriteBack::Committed(_)) if deletes_only => {
+                        shared.health.no_progress("etcd is out of space (NOSPACE alarm): only deleting".into());
+                        if sleep_or_stop(Duration::from_millis(200), &mut stop).await {
+                            return resign(&mut client, leader).await;
+                        }
+                    }
                     // Nothing derived to write: secret values next.
                     Ok(WriteBack::Idle) if book.is_dirty() => {
                         gate.committed(0);
@@ -467,6 +482,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     Ok(WriteBack::Idle) => {
                         gate.committed(0);
                         shared.health.progress();
+                        if nospace_since.take().is_some() {
+                            info!("etcd takes writes again (its NOSPACE alarm is gone)");
+                            shared.metrics.nospace.set(0);
+                        }
                     }
                     // Our own writes come back through the watch one revision at a
                     // time; the states in between are partial (some placements
@@ -475,12 +494,16 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     Ok(WriteBack::Committed(at)) => {
                         gate.committed(at);
                         shared.health.progress();
+                        if nospace_since.take().is_some() {
+                            info!("etcd takes writes again (its NOSPACE alarm is gone)");
+                            shared.metrics.nospace.set(0);
+                        }
                     }
                     Ok(WriteBack::Refused(at)) => {
                         let back_off = gate.refused(at);
                         shared.health.no_progress(format!("{} write-back(s) in a row refused (a compare failed)", gate.refusals()));
                         tokio::time::sleep(back_off).await;
-                        if !still_leader(&mut client, &fence).await {
+                        if !leader::still_ours(&mut client, &fence).await.unwrap_or(false) {
                             warn!("lost leadership");
                             leader = None;
                         }
@@ -497,6 +520,15 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                             continue 'connect;
                         }
                     },
+                    Err(e) if etcd::is_nospace(&e) => {
+                        if nospace_since.is_none() {
+                            error!(error = %e, "etcd is out of space (its NOSPACE alarm is raised): it refuses every put until an administrator compacts, defragments and disarms it (etcdctl compact, defrag, alarm disarm); meanwhile only deletes are written, so removing the rule or fact that filled it frees the space");
+                        }
+                        nospace_since = Some(Instant::now());
+                        shared.metrics.nospace.set(1);
+                        shared.metrics.write_failure("nospace");
+                        shared.health.no_progress(format!("etcd is out of space (NOSPACE alarm): {e}"));
+                    }
                     Err(e) => {
                         warn!(error = %e, "write-back failed; reconnecting");
                         shared.metrics.write_failure("connection");
@@ -550,6 +582,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         match etcd::write(&mut client, &l.fence, &[], Some((CLOCK_KEY, now.to_string()))).await {
                             Ok(Written::Committed(_)) => c.written = Some(now),
                             Ok(Written::Refused(_)) => warn!("the clock was not written: leadership changed"),
+                            // Out of space: the clock stands still (time without writes does not count).
+                            Err(e) if etcd::is_nospace(&e) => {}
                             Err(e) if etcd::is_stale_auth(&e) => match etcd::connect(&cfg.etcd).await {
                                 Ok(fresh) => client = fresh,
                                 Err(_) => continue 'connect,
@@ -616,6 +650,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         }
     }
 }
+
+/// How long write-back only deletes after etcd said it is out of space,
+/// before a whole write-back is tried again.
+const NOSPACE_RETRY: Duration = Duration::from_secs(5);
 
 /// `/explain` questions answered at the same time (each holds a snapshot).
 const EXPLAIN_AT_ONCE: usize = 2;
@@ -704,15 +742,20 @@ async fn write_back(
     fence: &Fence,
     budget: crate::reconcile::Budget,
     metrics: &Metrics,
+    deletes_only: bool,
 ) -> Result<WriteBack, etcd_client::Error> {
     // Planned a transaction at a time, while earlier ones are in flight.
     let mut cursor = PlanCursor::default();
-    let first = r.plan_next(&mut cursor, budget);
+    let first = plan_chunk(r, &mut cursor, budget, deletes_only);
     if first.is_empty() {
-        r.clean();
-        metrics.settled.set(r.revision() as i64);
+        if !deletes_only {
+            r.clean();
+            metrics.settled.set(r.revision() as i64);
+        }
         return Ok(WriteBack::Idle);
     }
+    // (The derived revision is a put: not written while only deleting.)
+    let stamp = (!deletes_only).then_some(crate::reconcile::DERIVED_REVISION);
     let derived = r.revision();
     let mut next = Some(first);
     // Halves of a transaction etcd refused for good, to find the key behind it.
@@ -723,14 +766,14 @@ async fn write_back(
         while refused.is_none() && failure.is_none() && running.len() < IN_FLIGHT {
             let chunk = match retry.pop() {
                 Some(c) => c,
-                None => next.take().unwrap_or_else(|| r.plan_next(&mut cursor, budget)),
+                None => next.take().unwrap_or_else(|| plan_chunk(r, &mut cursor, budget, deletes_only)),
             };
             if chunk.is_empty() {
                 break;
             }
             let (mut c, f) = (client.clone(), fence.clone());
             running.spawn(async move {
-                let result = etcd::write(&mut c, &f, &chunk, Some((crate::reconcile::DERIVED_REVISION, derived.to_string()))).await;
+                let result = etcd::write(&mut c, &f, &chunk, stamp.map(|k| (k, derived.to_string()))).await;
                 (chunk, result)
             });
         }
@@ -780,6 +823,21 @@ async fn write_back(
         Some(rev) => WriteBack::Refused(rev.max(last)),
         None => WriteBack::Committed(last),
     })
+}
+
+/// The next transaction's ops; only its deletes while etcd is out of space
+/// (skipping chunks with none).
+fn plan_chunk(r: &mut Reconciler, cursor: &mut PlanCursor, budget: crate::reconcile::Budget, deletes_only: bool) -> Vec<crate::reconcile::Op> {
+    loop {
+        let mut chunk = r.plan_next(cursor, budget);
+        if !deletes_only || chunk.is_empty() {
+            return chunk;
+        }
+        chunk.retain(|op| matches!(op, crate::reconcile::Op::Delete { .. }));
+        if !chunk.is_empty() {
+            return chunk;
+        }
+    }
 }
 
 /// Writes the sealed secret copies the book plans, fenced like the

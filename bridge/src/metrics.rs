@@ -24,6 +24,8 @@ pub struct Metrics {
     pub conflicts: Gauge,
     pub rejected: Gauge,
     pub leader: Gauge,
+    /// 1 while etcd refuses writes for want of space (its NOSPACE alarm).
+    pub nospace: Gauge,
     pub settled: Gauge,
     pub write_failures: Family<FailureLabels, Counter>,
     pub blocked: Gauge,
@@ -48,6 +50,7 @@ impl Metrics {
             conflicts: Gauge::default(),
             rejected: Gauge::default(),
             leader: Gauge::default(),
+            nospace: Gauge::default(),
             settled: Gauge::default(),
             write_failures: Family::default(),
             blocked: Gauge::default(),
@@ -63,6 +66,7 @@ impl Metrics {
         registry.register("conflicts", "Output keys with more than one derived value", m.conflicts.clone());
         registry.register("rejected_facts", "Input facts rejected (see status/rejected/)", m.rejected.clone());
         registry.register("leader", "1 while this controller leads", m.leader.clone());
+        registry.register("etcd_nospace", "1 while etcd refuses writes for want of space (NOSPACE alarm)", m.nospace.clone());
         registry.register("settled_revision", "Last revision at which the leader found nothing to write", m.settled.clone());
         registry.register("write_failures", "Writes etcd failed or refused for good, by kind", m.write_failures.clone());
         registry.register("blocked_keys", "Derived keys etcd refuses to write (status/blocked/)", m.blocked.clone());

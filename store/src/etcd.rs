@@ -267,6 +267,14 @@ pub fn is_stale_auth(e: &EtcdError) -> bool {
     matches!(e, EtcdError::GRpcStatus(s) if s.message().contains("revision of auth store is old") || s.message().contains("invalid auth token"))
 }
 
+/// Whether etcd refused a write because it is out of space (its NOSPACE
+/// alarm is raised): reads and deletes still work; puts wait until an
+/// administrator compacts, defragments and disarms it.
+pub fn is_nospace(e: &EtcdError) -> bool {
+    let text = e.to_string();
+    text.contains("database space exceeded") || text.contains("etcdserver: no space")
+}
+
 /// Whether a response was over the gRPC message size limit.
 fn is_too_large(e: &EtcdError) -> bool {
     let text = e.to_string();

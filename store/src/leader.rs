@@ -77,6 +77,12 @@ pub async fn campaign(client: &mut Client, key: &str, id: &str, judge: &mut Judg
         return Ok(None);
     }
     if let Some(rev) = held {
+        // While etcd is out of space no leader can renew (a put) and no
+        // standby could create its key: deleting it would leave none, and
+        // the leader is still the one to delete what filled etcd.
+        if nospace(client).await? {
+            return Ok(None);
+        }
         // Stale: delete it as it was seen; another standby may win the race.
         let txn = Txn::new().when([Compare::mod_revision(key, CompareOp::Equal, rev)]).and_then([TxnOp::delete(key, None)]);
         if !client.txn(txn).await?.succeeded() {
@@ -92,12 +98,31 @@ pub async fn campaign(client: &mut Client, key: &str, id: &str, judge: &mut Judg
     Ok(Some(Fence { key: key.into(), create_revision }))
 }
 
+/// Whether etcd's NOSPACE alarm is raised (any user may list alarms).
+pub async fn nospace(client: &mut Client) -> Result<bool, etcd_client::Error> {
+    let resp = client.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await?;
+    Ok(resp.alarms().iter().any(|a| a.alarm() == etcd_client::AlarmType::Nospace))
+}
+
+/// Whether the leader key is still the one `fence` names (a read: it works
+/// while etcd is out of space).
+pub async fn still_ours(client: &mut Client, fence: &Fence) -> Result<bool, etcd_client::Error> {
+    let resp = client.get(fence.key.clone(), None).await?;
+    Ok(resp.kvs().first().is_some_and(|kv| kv.create_revision() == fence.create_revision))
+}
+
 /// Rewrites the leader key (its heartbeat); false if it is no longer ours.
+/// While etcd is out of space the put is refused; the key still being ours
+/// (no standby deposes a leader then: see [`campaign`]) counts as renewed.
 pub async fn renew(client: &mut Client, fence: &Fence, id: &str) -> Result<bool, etcd_client::Error> {
     let txn = Txn::new()
         .when([Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)])
         .and_then([TxnOp::put(fence.key.clone(), id, None)]);
-    Ok(client.txn(txn).await?.succeeded())
+    match client.txn(txn).await {
+        Ok(resp) => Ok(resp.succeeded()),
+        Err(e) if crate::etcd::is_nospace(&e) => still_ours(client, fence).await,
+        Err(e) => Err(e),
+    }
 }
 
 /// Deletes the leader key if it is still ours (a standby takes over at once).

@@ -243,6 +243,11 @@ pub struct PrivateEtcd {
 
 impl PrivateEtcd {
     pub fn start(dir: PathBuf, client_port: u16, peer_port: u16) -> PrivateEtcd {
+        PrivateEtcd::start_with(dir, client_port, peer_port, &[])
+    }
+
+    /// With extra etcd flags (e.g. a small `--quota-backend-bytes`).
+    pub fn start_with(dir: PathBuf, client_port: u16, peer_port: u16, extra: &[&str]) -> PrivateEtcd {
         let url = format!("http://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let child = Command::new("etcd")
@@ -250,6 +255,7 @@ impl PrivateEtcd {
             .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("private={peer}")])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
             .spawn()
