@@ -797,7 +797,10 @@ async fn etcd_out_of_space_is_named_fails_healthz_and_recovers_once_disarmed() {
         opts.with_member(a.member_id());
         root.alarm(etcd_client::AlarmAction::Deactivate, etcd_client::AlarmType::Nospace, Some(opts)).await.unwrap();
     }
-    wait_for("healthy again once disarmed", Duration::from_secs(30), || async { http_status(c.port, "/healthz") == Some(200) && c.metric("etcd_nospace") == Some(0.0) }).await;
+    wait_for("healthy again once disarmed", Duration::from_secs(30), || async {
+        http_status(c.port, "/healthz") == Some(200) && c.metric("etcd_nospace") == Some(0.0)
+    })
+    .await;
     root.put("fill/copies", "2", None).await.unwrap();
     wait_for("new keys are derived again", T, || {
         let e = root.clone();

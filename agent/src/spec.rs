@@ -6,8 +6,8 @@
 //! in memory only). All three are read at one revision.
 
 use crate::probe::Method;
-use ccattler_store::{etcd, layout};
 use ccattler_store::seal::{NodeKey, Plain};
+use ccattler_store::{etcd, layout};
 use etcd_client::Client;
 use std::collections::BTreeMap;
 use std::time::Duration;

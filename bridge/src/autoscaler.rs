@@ -12,8 +12,8 @@
 
 use crate::etcd::{self, EtcdConfig, EtcdError, Fence, Op, Written};
 use ccattler_engine::Session;
-use ccattler_store::leader::{self, Heartbeat, Judge};
 use ccattler_parser::program::Program;
+use ccattler_store::leader::{self, Heartbeat, Judge};
 use etcd_client::Client;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -9,8 +9,8 @@ use crate::reconcile::{PlanCursor, Reconciler};
 use crate::secrets::SecretBook;
 use crate::watch::WatchReader;
 use ccattler_parser::program::Program;
-use ccattler_store::seal::ClusterKeys;
 use ccattler_store::leader::{self, Heartbeat, Judge};
+use ccattler_store::seal::ClusterKeys;
 use etcd_client::{Client, WatchOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -307,7 +307,6 @@ async fn resume(client: &mut Client, fence: Fence, cfg: &ControllerConfig) -> Op
         _ => None,
     }
 }
-
 
 /// Runs until SIGTERM or SIGINT. Rules must check at start; later reloads
 /// (SIGHUP) that fail the checker are refused and the old rules keep running.

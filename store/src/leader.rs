@@ -115,9 +115,11 @@ pub async fn still_ours(client: &mut Client, fence: &Fence) -> Result<bool, etcd
 /// While etcd is out of space the put is refused; the key still being ours
 /// (no standby deposes a leader then: see [`campaign`]) counts as renewed.
 pub async fn renew(client: &mut Client, fence: &Fence, id: &str) -> Result<bool, etcd_client::Error> {
-    let txn = Txn::new()
-        .when([Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)])
-        .and_then([TxnOp::put(fence.key.clone(), id, None)]);
+    let txn = Txn::new().when([Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)]).and_then([TxnOp::put(
+        fence.key.clone(),
+        id,
+        None,
+    )]);
     match client.txn(txn).await {
         Ok(resp) => Ok(resp.succeeded()),
         Err(e) if crate::etcd::is_nospace(&e) => still_ours(client, fence).await,
