@@ -116,8 +116,9 @@ enum Command {
         /// --max-request-bytes (1.5 MiB by default).
         #[arg(long, default_value_t = 1 << 20)]
         max_txn_bytes: usize,
-        /// Leader lease TTL in seconds: a standby takes over within it.
-        #[arg(long, default_value_t = 10)]
+        /// Seconds the leader key may stand still before a standby takes it
+        /// (the leader rewrites it every third of this), 1 to 3600.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..=3600))]
         leader_ttl: i64,
         /// The cluster's secret key file (mode 0600): secret values are
         /// re-sealed to the nodes whose instances are granted them.
@@ -147,8 +148,8 @@ enum Command {
         etcd: EtcdArgs,
         #[arg(long, default_value = "rules/autoscaler")]
         rules: PathBuf,
-        /// Seconds between rounds.
-        #[arg(long, default_value_t = 5)]
+        /// Seconds between rounds, 1 to 3600 (a standby takes over after three).
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
         period: u64,
         /// This autoscaler's name in `intent/autoscaler/leader` (default: host-pid).
         #[arg(long)]
@@ -555,7 +556,7 @@ pub fn main() -> ExitCode {
                     Err(e) => return usage_error(e),
                 },
                 rules,
-                period: std::time::Duration::from_secs(period.max(1)),
+                period: std::time::Duration::from_secs(period),
                 id: id.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id())),
             };
             autoscaler(cfg)

@@ -375,6 +375,28 @@ fn plan_with_shows_what_a_change_would_do() {
     assert_eq!(std::fs::read_to_string(&base).unwrap(), before, "nothing written");
 }
 
+/// Leadership timing a standby's takeover rests on: a TTL of 0, a negative
+/// one or one past an hour (and an autoscaler period whose three-fold TTL
+/// would overflow) is refused by name before anything connects.
+#[test]
+fn leader_ttl_and_autoscaler_period_refuse_zero_negative_and_huge_values_by_name() {
+    for (args, value) in [
+        (vec!["controller", "--etcd", "http://127.0.0.1:1"], "--leader-ttl=0"),
+        (vec!["controller", "--etcd", "http://127.0.0.1:1"], "--leader-ttl=-5"),
+        (vec!["controller", "--etcd", "http://127.0.0.1:1"], "--leader-ttl=9223372036854775807"),
+        (vec!["autoscaler", "--etcd", "http://127.0.0.1:1"], "--period=0"),
+        (vec!["autoscaler", "--etcd", "http://127.0.0.1:1"], "--period=18446744073709551615"),
+    ] {
+        let mut args = args;
+        args.push(value);
+        let out = ccattler(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let flag = value.split('=').next().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{value}: {err}");
+        assert!(err.contains(flag) && err.contains("1..=3600"), "{value}: {err}");
+    }
+}
+
 #[test]
 fn agent_confinement_flags_refuse_root_reversed_and_non_positive_values_by_name() {
     let base = ["agent", "--node", "n1", "--cpu", "1000", "--memory", "1000", "--address", "127.0.0.1", "--etcd", "http://127.0.0.1:1"];

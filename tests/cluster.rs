@@ -300,7 +300,7 @@ async fn a_view_past_etcds_message_limit_is_read_in_pages_and_a_900_kb_config_is
     etcd.put("intent/user/service/huge/instances", "1", None).await.unwrap();
     wait_for("huge's config is refused by name", T, || {
         let mut e = etcd.clone();
-        async move { get(&mut e, "status/config/huge").await.is_some_and(|r| r.contains("config entry BLOB is 900006 characters")) }
+        async move { get(&mut e, "status/config/huge").await.is_some_and(|r| r.contains("config entry BLOB is 900006 bytes")) }
     })
     .await;
     assert!(get(&mut etcd, "status/unplaced/huge-0").await.is_some_and(|r| r.contains("status/config/huge")));
@@ -422,6 +422,34 @@ async fn instances_keep_running_while_etcd_is_down_and_the_agent_reconnects() {
     assert!(processes_of("solo").is_empty());
 }
 
+/// Samples every 50 ms, from `since` for at most `within`, until `instance`
+/// serves from a node other than `victim`: the most processes one instance
+/// of `service` ever had at once, when `instance` had no process left, and
+/// when it served elsewhere.
+async fn until_moved(
+    etcd: &mut Client,
+    service: &str,
+    instance: &str,
+    victim: &str,
+    since: Instant,
+    within: Duration,
+) -> (usize, Option<Duration>, Option<Duration>) {
+    let (mut most, mut gone, mut moved) = (0, None, None);
+    while moved.is_none() && since.elapsed() < within {
+        let procs = processes_of(service);
+        most = most.max(procs.values().map(Vec::len).max().unwrap_or(0));
+        if gone.is_none() && procs.get(instance).is_none_or(|p| p.is_empty()) {
+            gone = Some(since.elapsed());
+        }
+        let placed = get(etcd, &format!("placement/instance/{instance}")).await;
+        if placed.is_some_and(|n| n != victim) && endpoints(etcd, service).await.contains_key(instance) {
+            moved = Some(since.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (most, gone, moved)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_9_fences_its_instances_so_none_ever_runs_twice() {
     let _serial = serial();
@@ -439,23 +467,8 @@ async fn an_agent_killed_9_fences_its_instances_so_none_ever_runs_twice() {
     let idx = agents.iter().position(|a| a.node == victim).unwrap();
     let killed = Instant::now();
     agents[idx].kill_9();
-    // Sample every 50 ms until fenced-0 serves from the other node: never two
-    // processes for one instance, and the orphan gone before its replacement.
-    let (mut most, mut orphan_gone, mut moved) = (0, None, None);
-    let deadline = Instant::now() + Duration::from_secs(TTL + 10);
-    while moved.is_none() && Instant::now() < deadline {
-        let procs = processes_of("fenced");
-        most = most.max(procs.values().map(Vec::len).max().unwrap_or(0));
-        let placed = get(&mut etcd, "placement/instance/fenced-0").await;
-        if orphan_gone.is_none() && procs.get("fenced-0").is_none_or(|p| p.is_empty()) {
-            orphan_gone = Some(killed.elapsed());
-        }
-        if placed.as_ref().is_some_and(|n| *n != victim) && endpoints(&mut etcd, "fenced").await.contains_key("fenced-0") {
-            eprintln!("moved: {placed:?} (was {victim}) at {:?}; processes {procs:?}", killed.elapsed());
-            moved = Some(killed.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Never two processes for one instance, and the orphan gone before its replacement.
+    let (most, orphan_gone, moved) = until_moved(&mut etcd, "fenced", "fenced-0", &victim, killed, Duration::from_secs(TTL + 10)).await;
     let (gone, moved) = (orphan_gone.expect("the orphan was fenced"), moved.expect("fenced-0 runs elsewhere"));
     eprintln!("after kill -9: orphan fenced at {gone:?}, fenced-0 serving elsewhere at {moved:?}");
     assert_eq!(most, 1, "an instance ran twice");
@@ -483,22 +496,8 @@ async fn a_partitioned_agent_fences_its_instances_before_their_replacements_star
     let idx = agents.iter().position(|a| a.node == victim).unwrap();
     let cut_at = Instant::now();
     proxies[idx].cut();
-    // Every 50 ms until cut-0 serves from the other node: never two processes
-    // for one instance, and the partitioned copy gone before its replacement.
-    let (mut most, mut fenced, mut moved) = (0, None, None);
-    let deadline = Instant::now() + Duration::from_secs(TTL + 15);
-    while moved.is_none() && Instant::now() < deadline {
-        let procs = processes_of("cut");
-        most = most.max(procs.values().map(Vec::len).max().unwrap_or(0));
-        if fenced.is_none() && procs.get("cut-0").is_none_or(|p| p.is_empty()) {
-            fenced = Some(cut_at.elapsed());
-        }
-        let placed = get(&mut etcd, "placement/instance/cut-0").await;
-        if placed.as_ref().is_some_and(|n| *n != victim) && endpoints(&mut etcd, "cut").await.contains_key("cut-0") {
-            moved = Some(cut_at.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Never two processes for one instance, and the partitioned copy gone before its replacement.
+    let (most, fenced, moved) = until_moved(&mut etcd, "cut", "cut-0", &victim, cut_at, Duration::from_secs(TTL + 15)).await;
     let (fenced, moved) = (fenced.expect("the partitioned instance was fenced"), moved.expect("cut-0 runs elsewhere"));
     eprintln!("partition: cut-0 fenced at {fenced:?}, serving elsewhere at {moved:?}, most processes for one instance {most}");
     assert_eq!(most, 1, "an instance ran twice across the partition");

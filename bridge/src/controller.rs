@@ -481,10 +481,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     Ok(WriteBack::Idle) => {
                         gate.committed(0);
                         shared.health.progress();
-                        if nospace_since.take().is_some() {
-                            info!("etcd takes writes again (its NOSPACE alarm is gone)");
-                            shared.metrics.nospace.set(0);
-                        }
+                        writes_again(&mut nospace_since, &shared.metrics);
                     }
                     // Our own writes come back through the watch one revision at a
                     // time; the states in between are partial (some placements
@@ -493,10 +490,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     Ok(WriteBack::Committed(at)) => {
                         gate.committed(at);
                         shared.health.progress();
-                        if nospace_since.take().is_some() {
-                            info!("etcd takes writes again (its NOSPACE alarm is gone)");
-                            shared.metrics.nospace.set(0);
-                        }
+                        writes_again(&mut nospace_since, &shared.metrics);
                     }
                     Ok(WriteBack::Refused(at)) => {
                         let back_off = gate.refused(at);
@@ -647,6 +641,14 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 },
             }
         }
+    }
+}
+
+/// A whole write-back went through: if etcd was out of space, it is no more.
+fn writes_again(nospace_since: &mut Option<Instant>, metrics: &Metrics) {
+    if nospace_since.take().is_some() {
+        info!("etcd takes writes again (its NOSPACE alarm is gone)");
+        metrics.nospace.set(0);
     }
 }
 

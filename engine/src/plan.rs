@@ -39,6 +39,7 @@ impl CExpr {
                 let text = |v: Value| v.text();
                 match f {
                     Func::Len => Value::Int(text(a(0)?).chars().count() as i64),
+                    Func::Bytes => Value::Int(text(a(0)?).len() as i64),
                     Func::Min => {
                         let (x, y) = (a(0)?, a(1)?);
                         if y.cmp_text(&x).is_lt() {

@@ -253,6 +253,7 @@ fn word_at(text: &str, offset: usize) -> Option<(&str, (usize, usize))> {
 fn function_signature(f: Func) -> String {
     match f {
         Func::Len => "len(text) -> int",
+        Func::Bytes => "bytes(text) -> int",
         Func::Min => "min(a, b) -> the smaller (ints or texts)",
         Func::Max => "max(a, b) -> the larger (ints or texts)",
         Func::StartsWith => "starts_with(text, prefix) -> bool",
@@ -267,6 +268,7 @@ fn function_signature(f: Func) -> String {
 fn function_doc(f: Func) -> &'static str {
     match f {
         Func::Len => "The number of characters of the text.",
+        Func::Bytes => "The number of bytes of the text in UTF-8 (what an environment or etcd counts).",
         Func::Min => "With two arguments, the smaller one; with one, in a head, the aggregate.",
         Func::Max => "With two arguments, the larger one; with one, in a head, the aggregate.",
         Func::StartsWith => "`true` if the text starts with the prefix; usable alone as a body literal.",

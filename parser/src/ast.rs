@@ -153,6 +153,8 @@ pub enum ExprKind {
 pub enum Func {
     /// `len(text)`: its length in characters.
     Len,
+    /// `bytes(text)`: its length in bytes (UTF-8), where sizes matter.
+    Bytes,
     /// `min(a, b)`, `max(a, b)`: the smaller or larger of two ints, or of two
     /// texts (by their text).
     Min,
@@ -169,11 +171,12 @@ pub enum Func {
 }
 
 impl Func {
-    pub const ALL: [Func; 8] = [Func::Len, Func::Min, Func::Max, Func::StartsWith, Func::Contains, Func::ToString, Func::Before, Func::After];
+    pub const ALL: [Func; 9] = [Func::Len, Func::Bytes, Func::Min, Func::Max, Func::StartsWith, Func::Contains, Func::ToString, Func::Before, Func::After];
 
     pub fn name(self) -> &'static str {
         match self {
             Func::Len => "len",
+            Func::Bytes => "bytes",
             Func::Min => "min",
             Func::Max => "max",
             Func::StartsWith => "starts_with",
@@ -190,7 +193,7 @@ impl Func {
 
     pub fn arity(self) -> usize {
         match self {
-            Func::Len | Func::ToString => 1,
+            Func::Len | Func::Bytes | Func::ToString => 1,
             _ => 2,
         }
     }

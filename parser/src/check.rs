@@ -949,7 +949,7 @@ impl Checker {
                     }
                 };
                 let ty = match f {
-                    ast::Func::Len => {
+                    ast::Func::Len | ast::Func::Bytes => {
                         want_text(self, 0);
                         Type::Int
                     }
@@ -1323,6 +1323,7 @@ fn lit_const(l: &ast::Literal) -> (Const, Type) {
 fn function_shape(f: ast::Func) -> &'static str {
     match f {
         ast::Func::Len => "len(text)",
+        ast::Func::Bytes => "bytes(text)",
         ast::Func::Min => "min(a, b)",
         ast::Func::Max => "max(a, b)",
         ast::Func::StartsWith => "starts_with(text, prefix)",

@@ -126,6 +126,7 @@ pub fn eval_expr(e: &Expr, b: &[Option<Value>]) -> Option<Value> {
             let truth = |t: bool| Value::str(if t { "true" } else { "false" });
             match f {
                 ccattler_parser::ast::Func::Len => Value::Int(s(0).chars().count() as i64),
+                ccattler_parser::ast::Func::Bytes => Value::Int(s(0).len() as i64),
                 ccattler_parser::ast::Func::ToString => Value::str(&s(0)),
                 ccattler_parser::ast::Func::StartsWith => truth(s(0).starts_with(s(1).as_str())),
                 ccattler_parser::ast::Func::Contains => truth(s(0).contains(s(1).as_str())),
