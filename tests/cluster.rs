@@ -162,18 +162,23 @@ async fn scale_0_6_2_then_kill_9_a_node_and_its_instances_move_without_overcommi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
+async fn selectors_probes_config_secrets_and_volumes_reach_the_instances_and_a_self_labelled_agent_gets_none() {
     let _serial = serial();
     let mut etcd = fresh_etcd().await;
     let root = scratch("spec");
     let _c = Controller::start("spec", &shipped_rules());
-    let _agents: Vec<Agent> = [(1, &["zone=a"][..]), (2, &["zone=a", "--resource=gpu=1"][..]), (3, &["zone=b"][..])]
+    // node-1's agent claims zone b, where the operator put only node-3.
+    let _agents: Vec<Agent> = [(1, &["zone=b"][..]), (2, &["zone=a", "--resource=gpu=1"][..]), (3, &["zone=b"][..])]
         .iter()
         .map(|(n, l)| Agent::start(&root, *n, 4000, 8192, l))
         .collect();
     put_facts(
         &mut etcd,
         &[
+            // The operator's labels, which selectors match.
+            ("desired/node/node-1/label/zone", "a"),
+            ("desired/node/node-2/label/zone", "a"),
+            ("desired/node/node-3/label/zone", "b"),
             // zone b only, with config, a granted secret and a persistent volume.
             ("desired/service/db/image", "builtin:http"),
             ("desired/service/db/selector/zone", "b"),
@@ -203,6 +208,10 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances() {
     for i in ["db-0", "db-1"] {
         assert_eq!(get(&mut etcd, &format!("placement/instance/{i}")).await.as_deref(), Some("node-3"), "the selector keeps {i} on zone b");
     }
+    assert!(
+        etcd.get("secret/node/node-1/", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap().kvs().is_empty(),
+        "node-1's agent said zone=b of itself: it gets neither db nor its secret"
+    );
     // The instance's environment: port, config, secret, volume.
     let pid = processes_of("db")["db-0"][0];
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
