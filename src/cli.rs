@@ -416,6 +416,11 @@ enum AuthAction {
     /// prefixes; its password appended to --credentials. Runs as root.
     AddNode {
         node: String,
+        /// The addresses its instances may be reached at (CIDR networks,
+        /// comma-separated): endpoints take no address outside them, whatever
+        /// the agent reports. Recorded as desired/node/NAME/address_range.
+        #[arg(long, value_name = "CIDR[,CIDR…]", value_parser = parse_networks)]
+        address_range: Option<String>,
         #[command(flatten)]
         etcd: EtcdArgs,
     },
@@ -899,6 +904,11 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
+fn parse_networks(s: &str) -> Result<String, String> {
+    ccattler_parser::ast::check_networks(s)?;
+    Ok(s.split(',').map(str::trim).collect::<Vec<_>>().join(","))
+}
+
 fn agent(cfg: ccattler_agent::AgentConfig) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let agent = match ccattler_agent::Agent::new(cfg) {
@@ -1307,14 +1317,21 @@ fn auth(action: AuthAction) -> anyhow::Result<ExitCode> {
             })?;
             eprintln!("created users {} (passwords in {}); auth is enabled", users.join(", "), file.display());
         }
-        AuthAction::AddNode { node, etcd } => {
+        AuthAction::AddNode { node, address_range, etcd } => {
             let file = credentials_file(&etcd)?.to_path_buf();
             let cfg = etcd.config_as(Some(auth::ROOT))?;
             let user = rt.block_on(async {
                 let mut client = ccattler_store::etcd::connect(&cfg).await?;
-                anyhow::Ok(auth::add_node(&mut client, &node, &file).await?)
+                let user = auth::add_node(&mut client, &node, &file).await?;
+                if let Some(range) = &address_range {
+                    client.put(format!("desired/node/{node}/address_range"), range.as_str(), None).await?;
+                }
+                anyhow::Ok(user)
             })?;
             eprintln!("created user {user}, confined to node {node}'s prefixes (password in {})", file.display());
+            if let Some(range) = address_range {
+                eprintln!("node {node}'s instances may be reached only inside {range}");
+            }
         }
         AuthAction::RemoveNode { node, etcd } => {
             let cfg = etcd.config_as(Some(auth::ROOT))?;

@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, WatchOptions};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -131,6 +131,37 @@ async fn a_forged_report_is_refused_by_etcd_or_ignored_by_the_rules_and_changes_
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains(&format!("✗ placement(\"api-0\", \"{liar_node}\")")), "{text}");
+}
+
+/// A compromised agent reports an address outside its node for the instance
+/// it really runs: the endpoint never points there, and the lie is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_reports_a_foreign_address_for_its_instance_moves_no_endpoint_there() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let dir = scratch("foreign-ip");
+    let (_c, agents, placed_on, endpoint) = one_instance(&mut etcd, &dir).await;
+    let port = endpoint.rsplit_once(':').unwrap().1.to_string();
+    let owner = agents.iter().find(|a| a.node == placed_on).unwrap();
+    assert_eq!(owner.node, placed_on);
+    let mut liar = connect_as(&etcd_url(), &credentials(), &format!("agent-{placed_on}")).await;
+    let (_w, mut seen) = etcd.watch("endpoint/service/api/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    liar.put(format!("observed/node/{placed_on}/instance/api-0/ip"), "10.66.6.6", None).await.unwrap();
+    let ignored = format!("status/ignored/node/{placed_on}/instance/api-0/ip");
+    wait_for("the foreign address recorded as ignored", T, || {
+        let mut e = etcd.clone();
+        let k = ignored.clone();
+        async move { get(&mut e, &k).await.is_some() }
+    })
+    .await;
+    assert_eq!(get(&mut etcd, &ignored).await.unwrap(), format!("address 10.66.6.6 is not node {placed_on}'s address and no range is registered for it"));
+    // Every endpoint write since the lie: none pointed at the foreign address.
+    let mut written = Vec::new();
+    while let Ok(Some(resp)) = tokio::time::timeout(Duration::from_millis(200), seen.message()).await.map(|r| r.unwrap()) {
+        written.extend(resp.events().iter().filter_map(|e| e.kv().and_then(|kv| kv.value_str().ok()).map(String::from)));
+    }
+    assert!(!written.iter().any(|v| v.starts_with("10.66.6.6")), "an endpoint pointed at the foreign address: {written:?}");
+    assert!(!endpoints(&mut etcd, "api").await.values().any(|v| v == &format!("10.66.6.6:{port}")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -388,7 +419,15 @@ async fn bootstrap_once_then_add_rotate_and_remove_a_node_and_reseal_under_a_new
     assert!(String::from_utf8_lossy(&again.stderr).contains("auth is already enabled"), "{}", String::from_utf8_lossy(&again.stderr));
 
     // add-node, then the node's user works; rotate: the old password stops working.
-    assert!(cli(&["auth", "add-node", "n9", "--etcd", &url, "--credentials", c]).status.success());
+    let bad = cli(&["auth", "add-node", "n9", "--address-range", "10.9.0.0/24,10.9.1.0/33", "--etcd", &url, "--credentials", c]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("\"10.9.1.0/33\": the prefix length must be 0..=32"), "{}", String::from_utf8_lossy(&bad.stderr));
+    let added = cli(&["auth", "add-node", "n9", "--address-range", "10.9.0.0/24, fd00::/64", "--etcd", &url, "--credentials", c]);
+    assert!(added.status.success(), "{}", String::from_utf8_lossy(&added.stderr));
+    let root_pw = ccattler_store::credentials::password(&creds, "root").unwrap();
+    let mut root = etcd_client::Client::connect([url.clone()], Some(etcd_client::ConnectOptions::new().with_user("root", root_pw.to_string()))).await.unwrap();
+    let range = root.get("desired/node/n9/address_range", None).await.unwrap();
+    assert_eq!(range.kvs()[0].value_str().unwrap(), "10.9.0.0/24,fd00::/64", "the node's registered range");
     let old = ccattler_store::credentials::password(&creds, "agent-n9").unwrap();
     let try_as = |pw: String| {
         let url = url.clone();

@@ -292,7 +292,9 @@ fn agents_catch_up(session: &Session, instances: &[String], reported: &mut std::
         let o = |f: &str| format!("observed/node/{node}/instance/{inst}/{f}");
         w.push((o("state"), Some("running".into())));
         w.push((o("health"), Some("healthy".into())));
-        w.push((o("ip"), Some("127.0.0.1".into())));
+        // The agent reports its node's address for what it runs there.
+        let address = node.strip_prefix("node-").and_then(|n| n.parse().ok()).map(synth::node_address);
+        w.push((o("ip"), address));
         w.push((o("port"), Some("20000".into())));
         w.push((o("version"), Some(version.clone())));
         w.push((format!("observed/node/{node}/probe_state/{inst}/readiness"), Some("healthy".into())));

@@ -59,6 +59,7 @@ impl CExpr {
                     Func::StartsWith => Value::str(if text(a(0)?).starts_with(&*text(a(1)?)) { "true" } else { "false" }),
                     Func::Contains => Value::str(if text(a(0)?).contains(&*text(a(1)?)) { "true" } else { "false" }),
                     Func::ToString => Value::str(&a(0)?.text()),
+                    Func::InNetwork => Value::str(if ccattler_parser::ast::in_network(&text(a(0)?), &text(a(1)?)) { "true" } else { "false" }),
                     Func::Before => {
                         let (s, sep) = (text(a(0)?), text(a(1)?));
                         Value::str(s.split_once(&*sep).map_or(&*s, |(b, _)| b))

@@ -80,12 +80,17 @@ pub fn instances_of(p: &Params, s: usize) -> usize {
 pub const SYNTH_CLOCK: i64 = 1_000_000;
 pub const SYNTH_BEAT: i64 = 42;
 
+/// Node `n`'s address, which its agent also reports for every instance there.
+pub fn node_address(n: usize) -> String {
+    format!("10.{}.{}.{}", n / 65536, (n / 256) % 256, n % 256)
+}
+
 pub fn node_facts(n: usize, zones: usize) -> Vec<(String, String)> {
     let k = |f: &str| format!("observed/node/{}/{f}", node_name(n));
     vec![
         (k("cpu"), NODE_CPU.to_string()),
         (k("memory"), NODE_MEMORY.to_string()),
-        (k("address"), format!("10.{}.{}.{}", n / 65536, (n / 256) % 256, n % 256)),
+        (k("address"), node_address(n)),
         (k("alive"), format!("{}", 7_000_000 + n)),
         (k("heartbeat"), SYNTH_BEAT.to_string()),
         // The benches' simulated agents never beat again: a day's grace keeps
@@ -95,8 +100,9 @@ pub fn node_facts(n: usize, zones: usize) -> Vec<(String, String)> {
         (k("ttl"), "86400".into()),
         // The controller saw this heartbeat at the cluster clock's current reading.
         (format!("status/heartbeat/{}/{SYNTH_BEAT}", node_name(n)), SYNTH_CLOCK.to_string()),
-        (k("label/zone"), format!("z{}", n % zones.max(1))),
-        (k("label/rack"), format!("r{}", n / 40)),
+        // The operator's labels: what selectors and spreads match.
+        (format!("desired/node/{}/label/zone", node_name(n)), format!("z{}", n % zones.max(1))),
+        (format!("desired/node/{}/label/rack", node_name(n)), format!("r{}", n / 40)),
     ]
 }
 
@@ -146,14 +152,14 @@ fn facts(p: &Params, placed: bool) -> Vec<(String, String)> {
             let inst = format!("{name}-{i}");
             // Round-robin over nodes: at most ceil(instances/nodes) per node,
             // far inside capacity.
-            let node = node_name(next_node % p.nodes);
+            let (node, address) = (node_name(next_node % p.nodes), node_address(next_node % p.nodes));
             next_node += 1;
             let o = |field: &str| format!("observed/node/{node}/instance/{inst}/{field}");
             f.push((o("service"), name.clone()));
             f.push((o("state"), "running".into()));
             f.push((o("health"), "healthy".into()));
             f.push((o("image"), "builtin:http".into()));
-            f.push((o("ip"), "127.0.0.1".into()));
+            f.push((o("ip"), address));
             f.push((o("port"), (20_000 + i % 40_000).to_string()));
             f.push((o("version"), "1".into()));
             f.push((format!("observed/node/{node}/probe_state/{inst}/readiness"), "healthy".into()));

@@ -79,7 +79,7 @@ fn facts(nodes: &[Node], services: &[Service]) -> Vec<(String, Option<String>)> 
             put(k("resource/gpu"), n.gpu.to_string());
         }
         if let Some(z) = n.zone {
-            put(k("label/zone"), format!("z{z}"));
+            put(format!("desired/node/node-{i}/label/zone"), format!("z{z}"));
         }
         if let Some((v, execute)) = n.taint {
             put(format!("desired/node/node-{i}/taint/dedicated"), format!("v{v}{}", if execute { ":NoExecute" } else { "" }));

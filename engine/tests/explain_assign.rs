@@ -20,7 +20,13 @@ fn session(facts: &[(&str, &str)]) -> Session {
 
 fn node_facts(n: &str, cpu: &str, zone: &str) -> Vec<(String, String)> {
     let k = |f: &str| format!("observed/node/{n}/{f}");
-    vec![(k("cpu"), cpu.into()), (k("memory"), "1024".into()), (k("alive"), "1".into()), (k("heartbeat"), "1".into()), (k("label/zone"), zone.into())]
+    vec![
+        (k("cpu"), cpu.into()),
+        (k("memory"), "1024".into()),
+        (k("alive"), "1".into()),
+        (k("heartbeat"), "1".into()),
+        (format!("desired/node/{n}/label/zone"), zone.into()),
+    ]
 }
 
 fn facts() -> Vec<(String, String)> {

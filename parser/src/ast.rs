@@ -168,10 +168,14 @@ pub enum Func {
     /// there is none); `after(text, sep)`: the text after it ("" if none).
     Before,
     After,
+    /// `in_network(address, networks)`: `true` if the IP address lies in one
+    /// of the comma-separated CIDR networks (`10.0.1.0/24,fd00::/64`).
+    InNetwork,
 }
 
 impl Func {
-    pub const ALL: [Func; 9] = [Func::Len, Func::Bytes, Func::Min, Func::Max, Func::StartsWith, Func::Contains, Func::ToString, Func::Before, Func::After];
+    pub const ALL: [Func; 10] =
+        [Func::Len, Func::Bytes, Func::Min, Func::Max, Func::StartsWith, Func::Contains, Func::ToString, Func::Before, Func::After, Func::InNetwork];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -184,6 +188,7 @@ impl Func {
             Func::ToString => "to_string",
             Func::Before => "before",
             Func::After => "after",
+            Func::InNetwork => "in_network",
         }
     }
 
@@ -200,7 +205,102 @@ impl Func {
 
     /// Whether it gives `true` or `false` (usable alone as a body literal).
     pub fn is_predicate(self) -> bool {
-        matches!(self, Func::StartsWith | Func::Contains)
+        matches!(self, Func::StartsWith | Func::Contains | Func::InNetwork)
+    }
+}
+
+/// `in_network`'s meaning: `address` is an IPv4 or IPv6 address inside one
+/// of the comma-separated CIDR `networks` (a bare address is a /32 or /128).
+/// Anything unparsable is outside: a malformed range admits nothing.
+pub fn in_network(address: &str, networks: &str) -> bool {
+    use std::net::IpAddr;
+    let Ok(addr) = address.trim().parse::<IpAddr>() else { return false };
+    networks.split(',').map(str::trim).filter(|n| !n.is_empty()).any(|net| {
+        let (base, bits) = match net.split_once('/') {
+            Some((b, bits)) => match bits.parse::<u8>() {
+                Ok(bits) => (b, Some(bits)),
+                Err(_) => return false,
+            },
+            None => (net, None),
+        };
+        match (addr, base.parse::<IpAddr>()) {
+            (IpAddr::V4(a), Ok(IpAddr::V4(b))) => prefix_matches(u32::from(a) as u128, u32::from(b) as u128, bits.unwrap_or(32), 32),
+            (IpAddr::V6(a), Ok(IpAddr::V6(b))) => prefix_matches(u128::from(a), u128::from(b), bits.unwrap_or(128), 128),
+            _ => false,
+        }
+    })
+}
+
+/// Checks a comma-separated list of CIDR networks as `in_network` reads it;
+/// the error names the first entry that is not one.
+pub fn check_networks(networks: &str) -> Result<(), String> {
+    let mut any = false;
+    for net in networks.split(',').map(str::trim) {
+        let (base, bits) = net.split_once('/').unwrap_or((net, ""));
+        let width = match base.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(_)) => 32,
+            Ok(std::net::IpAddr::V6(_)) => 128,
+            Err(_) => return Err(format!("{net:?} is not an IP address or CIDR network (10.0.1.0/24, fd00::/64)")),
+        };
+        if !bits.is_empty() || net.contains('/') {
+            match bits.parse::<u8>() {
+                Ok(b) if b <= width => {}
+                _ => return Err(format!("{net:?}: the prefix length must be 0..={width}")),
+            }
+        }
+        any = true;
+    }
+    if any {
+        Ok(())
+    } else {
+        Err("no network given".into())
+    }
+}
+
+fn prefix_matches(a: u128, b: u128, bits: u8, width: u8) -> bool {
+    if bits > width {
+        return false;
+    }
+    let shift = u32::from(width - bits);
+    shift >= 128 || (a >> shift) == (b >> shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_network;
+
+    #[test]
+    fn in_network_matches_v4_and_v6_prefixes_and_refuses_junk() {
+        assert!(in_network("10.0.1.7", "10.0.1.0/24"));
+        assert!(!in_network("10.0.2.7", "10.0.1.0/24"));
+        assert!(in_network("10.0.2.7", "10.0.1.0/24, 10.0.2.0/24"));
+        assert!(in_network("192.168.0.1", "192.168.0.1"));
+        assert!(!in_network("192.168.0.2", "192.168.0.1"));
+        assert!(in_network("1.2.3.4", "0.0.0.0/0"));
+        assert!(in_network("fd00::1", "fd00::/64"));
+        assert!(!in_network("fd01::1", "fd00::/64"));
+        assert!(in_network("::1", "::/0"));
+        // Families never mix; junk admits nothing.
+        assert!(!in_network("10.0.0.1", "::/0"));
+        assert!(!in_network("10.0.0.1", "10.0.0.0/33"));
+        assert!(!in_network("10.0.0.1", "10.0.0.0/-1"));
+        assert!(!in_network("10.0.0.1", "10.0.0.0/"));
+        assert!(!in_network("10.0.0.1", ""));
+        assert!(!in_network("10.0.0.1/8", "10.0.0.0/8"));
+        assert!(!in_network("not an ip", "0.0.0.0/0"));
+        assert!(!in_network("10.0.0.1", "garbage/8"));
+    }
+
+    #[test]
+    fn check_networks_names_the_bad_entry() {
+        use super::check_networks;
+        assert_eq!(check_networks("10.0.1.0/24, fd00::/64"), Ok(()));
+        assert_eq!(check_networks("192.168.0.7"), Ok(()));
+        assert!(check_networks("10.0.1.0/24,10.0.0.0/33").unwrap_err().contains("\"10.0.0.0/33\""));
+        assert!(check_networks("10.0.0.0/").is_err());
+        assert!(check_networks("").is_err());
+        assert!(check_networks("10.0.0.0/24,").unwrap_err().contains("\"\""));
+        assert!(check_networks("zone-a").unwrap_err().contains("zone-a"));
     }
 }
 

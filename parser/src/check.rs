@@ -953,7 +953,7 @@ impl Checker {
                         want_text(self, 0);
                         Type::Int
                     }
-                    ast::Func::StartsWith | ast::Func::Contains | ast::Func::Before | ast::Func::After => {
+                    ast::Func::StartsWith | ast::Func::Contains | ast::Func::Before | ast::Func::After | ast::Func::InNetwork => {
                         want_text(self, 0);
                         want_text(self, 1);
                         Type::String
@@ -1327,6 +1327,7 @@ fn function_shape(f: ast::Func) -> &'static str {
         ast::Func::Min => "min(a, b)",
         ast::Func::Max => "max(a, b)",
         ast::Func::StartsWith => "starts_with(text, prefix)",
+        ast::Func::InNetwork => "in_network(address, networks)",
         ast::Func::Contains => "contains(text, part)",
         ast::Func::ToString => "to_string(int)",
         ast::Func::Before => "before(text, separator)",

@@ -89,6 +89,7 @@ pub fn random_program(rng: &mut Rng) -> String {
                         "to_string(x) = \"2\"",
                         "before(s, \"-\") = \"n1\"",
                         "after(s, \"-\") != \"0\"",
+                        "in_network(\"10.0.0.\" ++ to_string(x), \"10.0.0.0/31, fd00::/8\")",
                     ]);
                     format!("d{d}(x, y) :- {p}(x, y), label(x, s), {pred}.")
                 }
@@ -140,6 +141,7 @@ pub fn eval_expr(e: &Expr, b: &[Option<Value>]) -> Option<Value> {
                     };
                     Value::str(&part)
                 }
+                ccattler_parser::ast::Func::InNetwork => truth(s(1).split(',').any(|net| in_network_by_bits(s(0).trim(), net.trim()))),
                 ccattler_parser::ast::Func::Min | ccattler_parser::ast::Func::Max => {
                     let less = match (vals[0], vals[1]) {
                         (Value::Int(x), Value::Int(y)) => y < x,
@@ -321,4 +323,23 @@ pub fn oracle(program: &Program, inputs: &Db) -> Db {
         }
     }
     db
+}
+
+/// The oracle's `in_network` for one network: the address's and the
+/// network's bits as text, compared over the prefix.
+fn in_network_by_bits(addr: &str, net: &str) -> bool {
+    fn bits(a: &str) -> Option<String> {
+        match a.parse::<std::net::IpAddr>().ok()? {
+            std::net::IpAddr::V4(v) => Some(v.octets().iter().map(|o| format!("{o:08b}")).collect()),
+            std::net::IpAddr::V6(v) => Some(v.octets().iter().map(|o| format!("{o:08b}")).collect()),
+        }
+    }
+    let (base, len) = match net.split_once('/') {
+        Some((b, l)) => (b, l.parse::<usize>().ok()),
+        None => (net, bits(net).map(|b| b.len())),
+    };
+    match (bits(addr), bits(base), len) {
+        (Some(a), Some(b), Some(l)) => a.len() == b.len() && l <= b.len() && a[..l] == b[..l],
+        _ => false,
+    }
 }
