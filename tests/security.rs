@@ -115,14 +115,8 @@ async fn a_forged_report_is_refused_by_etcd_or_ignored_by_the_rules_and_changes_
         liar_client.put(format!("{lie}{k}"), v, None).await.unwrap();
     }
     liar_client.put(format!("{lie}probe_state/api-0/readiness"), "healthy", None).await.unwrap();
-    let ignored = format!("status/ignored/node/{liar_node}/instance/api-0");
-    wait_for("the lie recorded as ignored", T, || {
-        let mut e = etcd.clone();
-        let k = ignored.clone();
-        async move { get(&mut e, &k).await.is_some() }
-    })
-    .await;
-    assert_eq!(get(&mut etcd, &ignored).await.unwrap(), format!("the instance is placed on {placed_on}"));
+    let (why, _) = wait_for_key(&etcd, "the lie recorded as ignored", &format!("status/ignored/node/{liar_node}/instance/api-0")).await;
+    assert_eq!(why, format!("the instance is placed on {placed_on}"));
     assert_eq!(endpoints(&mut etcd, "api").await, [("api-0".to_string(), endpoint)].into());
     assert_eq!(get(&mut etcd, "effective/instance/api-0/node").await, Some(placed_on.clone()));
     // `explain` says why the lie does not count.
@@ -140,25 +134,25 @@ async fn an_agent_that_reports_a_foreign_address_for_its_instance_moves_no_endpo
     let _serial = serial();
     let mut etcd = fresh_etcd().await;
     let dir = scratch("foreign-ip");
-    let (_c, agents, placed_on, endpoint) = one_instance(&mut etcd, &dir).await;
+    let (_c, _agents, placed_on, endpoint) = one_instance(&mut etcd, &dir).await;
     let port = endpoint.rsplit_once(':').unwrap().1.to_string();
-    let owner = agents.iter().find(|a| a.node == placed_on).unwrap();
-    assert_eq!(owner.node, placed_on);
     let mut liar = connect_as(&etcd_url(), &credentials(), &format!("agent-{placed_on}")).await;
-    let (_w, mut seen) = etcd.watch("endpoint/service/api/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    let (mut watcher, mut seen) = etcd.watch("endpoint/service/api/", Some(WatchOptions::new().with_prefix())).await.unwrap();
     liar.put(format!("observed/node/{placed_on}/instance/api-0/ip"), "10.66.6.6", None).await.unwrap();
     let ignored = format!("status/ignored/node/{placed_on}/instance/api-0/ip");
-    wait_for("the foreign address recorded as ignored", T, || {
-        let mut e = etcd.clone();
-        let k = ignored.clone();
-        async move { get(&mut e, &k).await.is_some() }
-    })
-    .await;
-    assert_eq!(get(&mut etcd, &ignored).await.unwrap(), format!("address 10.66.6.6 is not node {placed_on}'s address and no range is registered for it"));
-    // Every endpoint write since the lie: none pointed at the foreign address.
+    let (why, at) = wait_for_key(&etcd, "the foreign address recorded as ignored", &ignored).await;
+    assert_eq!(why, format!("address 10.66.6.6 is not node {placed_on}'s address and no range is registered for it"));
+    // Every endpoint write from the lie up to the rules' answer to it: none
+    // pointed at the foreign address.
+    watcher.request_progress().await.unwrap();
     let mut written = Vec::new();
-    while let Ok(Some(resp)) = tokio::time::timeout(Duration::from_millis(200), seen.message()).await.map(|r| r.unwrap()) {
+    let deadline = Instant::now() + T;
+    loop {
+        let resp = tokio::time::timeout_at(deadline.into(), seen.message()).await.expect("the watch reaches the answer").unwrap().unwrap();
         written.extend(resp.events().iter().filter_map(|e| e.kv().and_then(|kv| kv.value_str().ok()).map(String::from)));
+        if resp.header().map_or(0, |h| h.revision()) >= at {
+            break;
+        }
     }
     assert!(!written.iter().any(|v| v.starts_with("10.66.6.6")), "an endpoint pointed at the foreign address: {written:?}");
     assert!(!endpoints(&mut etcd, "api").await.values().any(|v| v == &format!("10.66.6.6:{port}")));

@@ -1,6 +1,7 @@
 //! The syntax tree of rule files, exactly as written. Every node has a span.
 
 use crate::source::Span;
+use std::net::IpAddr;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ident {
@@ -213,54 +214,34 @@ impl Func {
 /// of the comma-separated CIDR `networks` (a bare address is a /32 or /128).
 /// Anything unparsable is outside: a malformed range admits nothing.
 pub fn in_network(address: &str, networks: &str) -> bool {
-    use std::net::IpAddr;
     let Ok(addr) = address.trim().parse::<IpAddr>() else { return false };
-    networks.split(',').map(str::trim).filter(|n| !n.is_empty()).any(|net| {
-        let (base, bits) = match net.split_once('/') {
-            Some((b, bits)) => match bits.parse::<u8>() {
-                Ok(bits) => (b, Some(bits)),
-                Err(_) => return false,
-            },
-            None => (net, None),
-        };
-        match (addr, base.parse::<IpAddr>()) {
-            (IpAddr::V4(a), Ok(IpAddr::V4(b))) => prefix_matches(u32::from(a) as u128, u32::from(b) as u128, bits.unwrap_or(32), 32),
-            (IpAddr::V6(a), Ok(IpAddr::V6(b))) => prefix_matches(u128::from(a), u128::from(b), bits.unwrap_or(128), 128),
-            _ => false,
-        }
+    networks.split(',').filter_map(|net| parse_network(net.trim()).ok()).any(|(base, bits)| match (addr, base) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => same_prefix(u32::from(a).into(), u32::from(b).into(), bits, 32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => same_prefix(a.into(), b.into(), bits, 128),
+        _ => false,
     })
 }
 
 /// Checks a comma-separated list of CIDR networks as `in_network` reads it;
 /// the error names the first entry that is not one.
 pub fn check_networks(networks: &str) -> Result<(), String> {
-    let mut any = false;
-    for net in networks.split(',').map(str::trim) {
-        let (base, bits) = net.split_once('/').unwrap_or((net, ""));
-        let width = match base.parse::<std::net::IpAddr>() {
-            Ok(std::net::IpAddr::V4(_)) => 32,
-            Ok(std::net::IpAddr::V6(_)) => 128,
-            Err(_) => return Err(format!("{net:?} is not an IP address or CIDR network (10.0.1.0/24, fd00::/64)")),
-        };
-        if !bits.is_empty() || net.contains('/') {
-            match bits.parse::<u8>() {
-                Ok(b) if b <= width => {}
-                _ => return Err(format!("{net:?}: the prefix length must be 0..={width}")),
-            }
-        }
-        any = true;
-    }
-    if any {
-        Ok(())
-    } else {
-        Err("no network given".into())
+    networks.split(',').try_for_each(|net| parse_network(net.trim()).map(drop))
+}
+
+/// One network: `BASE/BITS`, or a bare address (all its bits).
+fn parse_network(net: &str) -> Result<(IpAddr, u8), String> {
+    let (base, bits) = net.split_once('/').map_or((net, None), |(b, bits)| (b, Some(bits)));
+    let base: IpAddr = base.parse().map_err(|_| format!("{net:?} is not an IP address or CIDR network (10.0.1.0/24, fd00::/64)"))?;
+    let width = if base.is_ipv4() { 32 } else { 128 };
+    match bits.map(str::parse::<u8>) {
+        None => Ok((base, width)),
+        Some(Ok(b)) if b <= width => Ok((base, b)),
+        Some(_) => Err(format!("{net:?}: the prefix length must be 0..={width}")),
     }
 }
 
-fn prefix_matches(a: u128, b: u128, bits: u8, width: u8) -> bool {
-    if bits > width {
-        return false;
-    }
+/// Whether `a` and `b` (`width` bits wide) agree on their first `bits`.
+fn same_prefix(a: u128, b: u128, bits: u8, width: u8) -> bool {
     let shift = u32::from(width - bits);
     shift >= 128 || (a >> shift) == (b >> shift)
 }

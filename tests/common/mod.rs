@@ -106,6 +106,18 @@ pub async fn ready_nodes(etcd: &Client, n: usize) {
     .await;
 }
 
+/// Waits until `key` exists and returns its value and mod revision.
+pub async fn wait_for_key(etcd: &Client, what: &str, key: &str) -> (String, i64) {
+    wait_for(what, Duration::from_secs(30), || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, key).await.is_some() }
+    })
+    .await;
+    let r = etcd.clone().get(key, None).await.expect("get");
+    let kv = r.kvs().first().expect("the key waited for");
+    (kv.value_str().unwrap().to_string(), kv.mod_revision())
+}
+
 /// Polls `cond` until it holds or the deadline passes.
 pub async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
 where
