@@ -787,6 +787,15 @@ async fn etcd_out_of_space_is_named_fails_healthz_and_recovers_once_disarmed() {
     })
     .await;
     assert_eq!(c.metric("leader"), Some(1.0), "leadership held through the alarm:\n{}", c.log());
+    // Nothing left to write is no sign that etcd takes puts again: the
+    // alarm is still raised, and the metric and /healthz keep saying so
+    // (they once cleared as soon as write-back had nothing to do).
+    let still = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < still {
+        assert_eq!(c.metric("etcd_nospace"), Some(1.0), "the alarm is still raised:\n{}", c.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!c.log().contains("takes writes again"), "{}", c.log());
     // The administrator's part (etcd allows it root only): compact, defragment, disarm.
     let rev = root.get("fill/blob", None).await.unwrap().header().unwrap().revision();
     root.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();

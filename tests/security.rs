@@ -194,7 +194,11 @@ fn keep_every_lease_alive(mut keeper: Client) -> tokio::task::JoinHandle<()> {
         loop {
             for l in keeper.leases().await.expect("list leases").leases() {
                 if let std::collections::btree_map::Entry::Vacant(v) = kept.entry(l.id()) {
-                    v.insert(keeper.lease_keep_alive(l.id()).await.expect("keep alive"));
+                    // (A lease may be revoked between the listing and this:
+                    // the helper once panicked on that, and the attack ended.)
+                    if let Ok(k) = keeper.lease_keep_alive(l.id()).await {
+                        v.insert(k);
+                    }
                 }
             }
             for (k, _) in kept.values_mut() {

@@ -124,8 +124,7 @@ async fn campaign(cfg: &AutoscalerConfig, client: &mut Option<Client>, judge: &m
         Some(c) => c,
         None => client.insert(etcd::connect(&cfg.etcd).await?),
     };
-    let sent = Instant::now();
-    let Some(fence) = leader::campaign(c, LEADER_KEY, &cfg.id, judge).await? else {
+    let Some((fence, sent)) = leader::campaign(c, LEADER_KEY, &cfg.id, judge).await? else {
         return Ok(None);
     };
     info!(id = %cfg.id, "leading");

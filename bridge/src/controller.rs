@@ -245,8 +245,11 @@ impl Leadership {
             loop {
                 tick.tick().await;
                 let sent = Instant::now();
-                // A renewal that takes longer than a period is given up (the next one is sent).
-                match tokio::time::timeout(ttl / 3, leader::renew(&mut client, &key, &id)).await {
+                // A slow renewal still counts (from when it was sent) if it
+                // is answered before the heartbeat's deadline; after that it is
+                // given up and the next one sent. (Given up at TTL/3, every
+                // renewal was lost on a disk slower than that.)
+                match tokio::time::timeout(ttl - leader::margin(ttl), leader::renew(&mut client, &key, &id)).await {
                     Ok(Ok(ours)) => {
                         tx.send_modify(|h| h.answered(sent, ours));
                         if !ours {
@@ -264,6 +267,10 @@ impl Leadership {
     fn is_lost(&self) -> bool {
         self.heartbeat.borrow().is_lost(Instant::now())
     }
+
+    fn is_taken(&self) -> bool {
+        self.heartbeat.borrow().is_taken()
+    }
 }
 
 impl Drop for Leadership {
@@ -278,8 +285,7 @@ fn leader_ttl(ttl: i64) -> Duration {
 
 /// Tries to become leader: takes the leader key if it is absent or stale.
 async fn campaign(client: &mut Client, cfg: &ControllerConfig, judge: &mut Judge) -> Result<Option<Leadership>, etcd_client::Error> {
-    let sent = Instant::now();
-    let Some(fence) = leader::campaign(client, LEADER_KEY, &cfg.id, judge).await? else {
+    let Some((fence, sent)) = leader::campaign(client, LEADER_KEY, &cfg.id, judge).await? else {
         return Ok(None);
     };
     Ok(Some(Leadership::start(client, fence, &cfg.id, cfg.leader_ttl, sent)))
@@ -298,14 +304,13 @@ async fn take_over(client: &mut Client, cfg: &ControllerConfig, r: &mut Reconcil
     Ok(leader)
 }
 
-/// After a reconnect: keeps leading if the leader key is still ours (one
-/// renewal succeeds).
-async fn resume(client: &mut Client, fence: Fence, cfg: &ControllerConfig) -> Option<Leadership> {
+/// After a reconnect, or a heartbeat that lapsed: keeps leading if the
+/// leader key is still ours (one renewal succeeds; under NOSPACE, the key
+/// still being ours counts). Safe whenever it succeeds: nobody else can
+/// lead while our key stands, and every write compares its create revision.
+async fn resume(client: &mut Client, fence: Fence, cfg: &ControllerConfig) -> Result<Option<Leadership>, etcd_client::Error> {
     let sent = Instant::now();
-    match leader::renew(client, &fence, &cfg.id).await {
-        Ok(true) => Some(Leadership::start(client, fence, &cfg.id, cfg.leader_ttl, sent)),
-        _ => None,
-    }
+    Ok(leader::renew(client, &fence, &cfg.id).await?.then(|| Leadership::start(client, fence, &cfg.id, cfg.leader_ttl, sent)))
 }
 
 /// Runs until SIGTERM or SIGINT. Rules must check at start; later reloads
@@ -348,7 +353,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let mut judge = Judge::new(leader_ttl(cfg.leader_ttl));
     // Since when etcd refuses puts for want of space: meanwhile write-back
     // only deletes (what filled etcd may be what the rules no longer derive),
-    // trying a whole write-back again every NOSPACE_RETRY.
+    // until etcd's alarm list says the alarm is gone.
     let mut nospace_since: Option<Instant> = None;
     let mut backoff = Duration::from_millis(100);
     // One op of each list is the fence / derived revision.
@@ -414,7 +419,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         backoff = Duration::from_millis(100);
         shared.ready.store(true, Ordering::SeqCst);
         let mut leader = match held_fence.take() {
-            Some(fence) => resume(&mut client, fence, &cfg).await,
+            Some(fence) => resume(&mut client, fence, &cfg).await.ok().flatten(),
             None => None,
         };
         if leader.is_some() {
@@ -436,11 +441,20 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         // When a leader may plan and write (crate::gate).
         let mut gate = WriteGate::default();
         loop {
-            if leader.as_ref().is_some_and(|l| l.is_lost()) {
-                warn!("leadership lost: the leader key was not renewed in time, or is another's");
+            if let Some(l) = leader.as_ref().filter(|l| l.is_lost()) {
+                if l.is_taken() {
+                    warn!("leadership lost: the leader key is another's");
+                    held_fence = None;
+                } else {
+                    // (A slow etcd: the key may still be ours, and nobody
+                    // else may create one under NOSPACE; `resume` tries.)
+                    warn!("leadership lapsed: the leader key was not renewed in time; leading again if it is still ours");
+                }
                 leader = None;
             }
-            held_fence = leader.as_ref().map(|l| l.fence.clone());
+            if let Some(l) = &leader {
+                held_fence = Some(l.fence.clone());
+            }
             shared.metrics.leader.set(i64::from(leader.is_some()));
             // A standby has nothing to write while another leads; with no
             // live leader (its key stale or absent, and ours not taken) the
@@ -455,10 +469,19 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             let open = gate.open(r.revision(), watch.backlog(), Instant::now());
             let fence = leader.as_ref().map(|l| l.fence.clone()).filter(|_| open);
             if let Some(fence) = fence {
-                let deletes_only = nospace_since.is_some_and(|t| t.elapsed() < NOSPACE_RETRY);
-                if nospace_since.is_some() && !deletes_only {
-                    nospace_since = Some(Instant::now()); // this try decides
+                // Out of space: only deletes, until etcd's alarm list (asked
+                // every NOSPACE_RETRY) says the alarm is gone.
+                if nospace_since.is_some_and(|t| t.elapsed() >= NOSPACE_RETRY) {
+                    match leader::nospace(&mut client).await {
+                        Ok(false) => writes_again(&mut nospace_since, &shared.metrics),
+                        Ok(true) => nospace_since = Some(Instant::now()),
+                        Err(e) => {
+                            warn!(error = %e, "reading etcd's alarms failed; reconnecting");
+                            continue 'connect;
+                        }
+                    }
                 }
+                let deletes_only = nospace_since.is_some();
                 match write_back(&mut client, r, &fence, budget, &shared.metrics, deletes_only).await {
                     Ok(WriteBack::Idle | WriteBack::Committed(_)) if deletes_only => {
                         shared.health.no_progress("etcd is out of space (NOSPACE alarm): only deleting".into());
@@ -481,7 +504,6 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     Ok(WriteBack::Idle) => {
                         gate.committed(0);
                         shared.health.progress();
-                        writes_again(&mut nospace_since, &shared.metrics);
                     }
                     // Our own writes come back through the watch one revision at a
                     // time; the states in between are partial (some placements
@@ -499,6 +521,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         if !leader::still_ours(&mut client, &fence).await.unwrap_or(false) {
                             warn!("lost leadership");
                             leader = None;
+                            held_fence = None;
                         }
                     }
                     // Users or roles changed (a node was added): a new token
@@ -514,13 +537,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         }
                     },
                     Err(e) if etcd::is_nospace(&e) => {
-                        if nospace_since.is_none() {
-                            error!(error = %e, "etcd is out of space (its NOSPACE alarm is raised): it refuses every put until an administrator compacts, defragments and disarms it (etcdctl compact, defrag, alarm disarm); meanwhile only deletes are written, so removing the rule or fact that filled it frees the space");
-                        }
-                        nospace_since = Some(Instant::now());
-                        shared.metrics.nospace.set(1);
                         shared.metrics.write_failure("nospace");
-                        shared.health.no_progress(format!("etcd is out of space (NOSPACE alarm): {e}"));
+                        out_of_space(&mut nospace_since, &shared, &e);
                     }
                     Err(e) => {
                         warn!(error = %e, "write-back failed; reconnecting");
@@ -576,7 +594,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                             Ok(Written::Committed(_)) => c.written = Some(now),
                             Ok(Written::Refused(_)) => warn!("the clock was not written: leadership changed"),
                             // Out of space: the clock stands still (time without writes does not count).
-                            Err(e) if etcd::is_nospace(&e) => {}
+                            Err(e) if etcd::is_nospace(&e) => out_of_space(&mut nospace_since, &shared, &e),
                             Err(e) if etcd::is_stale_auth(&e) => match etcd::connect(&cfg.etcd).await {
                                 Ok(fresh) => client = fresh,
                                 Err(_) => continue 'connect,
@@ -590,10 +608,23 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 }
                 _ = tick.tick() => {
                     match leader.as_ref() {
-                        Some(l) => if l.is_lost() {
-                            warn!("leadership lost: the leader key was not renewed in time, or is another's");
-                            leader = None;
-                        },
+                        // (The loop's head sees a lapse.)
+                        Some(_) => {}
+                        None if held_fence.is_some() => {
+                            let fence = held_fence.clone().expect("matched");
+                            match resume(&mut client, fence, &cfg).await {
+                                Ok(Some(l)) => {
+                                    info!(id = %cfg.id, "leading again: the leader key was still ours");
+                                    r.mark_all_dirty();
+                                    leader = Some(l);
+                                }
+                                Ok(None) => held_fence = None,
+                                Err(e) => {
+                                    warn!(error = %e, "renewing a lapsed leadership failed; reconnecting");
+                                    continue 'connect;
+                                }
+                            }
+                        }
                         None if !judge.worth_a_look(Instant::now()) => {}
                         None => match take_over(&mut client, &cfg, r, &mut judge).await {
                             Ok(l) => leader = l,
@@ -644,7 +675,18 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     }
 }
 
-/// A whole write-back went through: if etcd was out of space, it is no more.
+/// etcd refused a put for want of space: named once (log, metric, health);
+/// write-back only deletes until the alarm is gone.
+fn out_of_space(nospace_since: &mut Option<Instant>, shared: &Shared, e: &etcd_client::Error) {
+    if nospace_since.is_none() {
+        error!(error = %e, "etcd is out of space (its NOSPACE alarm is raised): it refuses every put until an administrator compacts, defragments and disarms it (etcdctl compact, defrag, alarm disarm); meanwhile only deletes are written, so removing the rule or fact that filled it frees the space");
+        *nospace_since = Some(Instant::now());
+    }
+    shared.metrics.nospace.set(1);
+    shared.health.no_progress(format!("etcd is out of space (NOSPACE alarm): {e}"));
+}
+
+/// etcd takes puts again (a put committed, or its alarm list is clear).
 fn writes_again(nospace_since: &mut Option<Instant>, metrics: &Metrics) {
     if nospace_since.take().is_some() {
         info!("etcd takes writes again (its NOSPACE alarm is gone)");
@@ -652,9 +694,8 @@ fn writes_again(nospace_since: &mut Option<Instant>, metrics: &Metrics) {
     }
 }
 
-/// How long write-back only deletes after etcd said it is out of space,
-/// before a whole write-back is tried again.
-const NOSPACE_RETRY: Duration = Duration::from_secs(5);
+/// How often etcd's alarm list is read while it is out of space.
+const NOSPACE_RETRY: Duration = Duration::from_secs(2);
 
 /// `/explain` questions answered at the same time (each holds a snapshot).
 const EXPLAIN_AT_ONCE: usize = 2;

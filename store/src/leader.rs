@@ -66,9 +66,12 @@ impl Judge {
 }
 
 /// Campaigns for `key`: reads it and, if it is absent or the judge finds
-/// it stale, takes it for `id`; the fence its writes compare, or None while
-/// another holds it.
-pub async fn campaign(client: &mut Client, key: &str, id: &str, judge: &mut Judge) -> Result<Option<Fence>, etcd_client::Error> {
+/// it stale, takes it for `id`; the fence its writes compare and when the
+/// write that created the key was sent (the leader's heartbeat counts from
+/// there: a standby starts its clock no earlier than it sees that write, and
+/// the read and delete before it may have been slow), or None while another
+/// holds it.
+pub async fn campaign(client: &mut Client, key: &str, id: &str, judge: &mut Judge) -> Result<Option<(Fence, Instant)>, etcd_client::Error> {
     let resp = client.get(key, None).await?;
     let now = Instant::now();
     let held = resp.kvs().first().map(|kv| kv.mod_revision());
@@ -90,12 +93,13 @@ pub async fn campaign(client: &mut Client, key: &str, id: &str, judge: &mut Judg
         }
     }
     let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(key, id, None)]);
+    let sent = Instant::now();
     let resp = client.txn(txn).await?;
     if !resp.succeeded() {
         return Ok(None);
     }
     let create_revision = resp.header().map_or(0, |h| h.revision());
-    Ok(Some(Fence { key: key.into(), create_revision }))
+    Ok(Some((Fence { key: key.into(), create_revision }, sent)))
 }
 
 /// Whether etcd's NOSPACE alarm is raised (any user may list alarms).
@@ -157,6 +161,11 @@ impl Heartbeat {
         } else {
             self.lost = true;
         }
+    }
+
+    /// Whether etcd said the key is no longer ours (not merely unrenewed).
+    pub fn is_taken(&self) -> bool {
+        self.lost
     }
 
     /// Whether leadership is over at `now`: the key is someone else's, or

@@ -214,7 +214,20 @@ impl Drop for Controller {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        dump_if_failing("controller", &self.log);
     }
+}
+
+/// When a test fails, the last lines of a child's log go to its output:
+/// a failure on CI then tells what the process saw.
+pub fn dump_if_failing(what: &str, log: &Path) {
+    if !std::thread::panicking() {
+        return;
+    }
+    let text = String::from_utf8_lossy(&std::fs::read(log).unwrap_or_default()).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(60)..];
+    eprintln!("--- last {} lines of the {what} log {} ---\n{}\n--- end ---", tail.len(), log.display(), tail.join("\n"));
 }
 
 /// SIGTERM to a child process and its exit status, within `within`; the
@@ -329,6 +342,7 @@ impl Drop for PrivateEtcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        dump_if_failing("private etcd", &self.dir.join("etcd.log"));
     }
 }
 
@@ -414,6 +428,7 @@ impl Drop for Agent {
         for pid in recorded_pids(&self.state_dir) {
             let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
         }
+        dump_if_failing(&format!("agent {}", self.node), &self.log);
     }
 }
 
