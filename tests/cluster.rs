@@ -398,7 +398,12 @@ async fn instances_keep_running_while_etcd_is_down_and_the_agent_reconnects() {
     let etcd = PrivateEtcd::start(root.join("etcd"), free_port(), free_port());
     let mut client = etcd.client().await;
     // No controller: placements are written by hand, as the controller would.
-    let mut agent = Agent::start_on(&etcd.url(), &etcd.credentials(), &root, 1, 1000, 1000, &[]);
+    // An outage shorter than the fencing bound (TTL 15 s: instances stop
+    // ~10 s after the last renewal) leaves instances running; with the
+    // suite's TTL of 3 s, an etcd restart of 2 s under load crossed the bound
+    // and the agent rightly fenced solo-0 (a longer outage is the partition
+    // test's case).
+    let mut agent = Agent::start_on(&etcd.url(), &etcd.credentials(), &root, 1, 1000, 1000, &["--ttl=15"]);
     for (k, v) in [("effective/node/node-1/instance/solo-0/image", "builtin:http"), ("placement/node/node-1/solo-0", "solo")] {
         client.put(k, v, None).await.unwrap();
     }

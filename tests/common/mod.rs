@@ -377,10 +377,10 @@ impl Agent {
         assert!(add.status.success() || err.contains("already exists"), "auth add-node {node}: {err}");
         let address = format!("127.0.0.{}", 10 + n);
         let state_dir = root.join(&node);
-        let mut args: Vec<String> = ["agent", "--node", &node, "--address", &address, "--ttl", &TTL.to_string(), "--grace", "2", "--resync", "1"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut args: Vec<String> = ["agent", "--node", &node, "--address", &address, "--grace", "2", "--resync", "1"].iter().map(|s| s.to_string()).collect();
+        if !labels.iter().any(|l| l.starts_with("--ttl=")) {
+            args.extend(["--ttl".into(), TTL.to_string()]);
+        }
         args.extend(["--cpu".into(), cpu.to_string(), "--memory".into(), memory.to_string()]);
         args.extend(["--state-dir".into(), state_dir.display().to_string(), "--etcd".into(), etcd.to_string()]);
         args.extend(["--credentials".into(), creds.display().to_string(), "--as".into(), format!("agent-{node}")]);
