@@ -232,6 +232,7 @@ async fn selectors_probes_config_secrets_and_volumes_reach_the_instances_and_a_s
         async move {
             get(&mut e, "effective/instance/gated-0/state").await.as_deref() == Some("running")
                 && get(&mut e, "effective/instance/gated-0/health").await.as_deref() == Some("unhealthy")
+                && processes_of("gated").contains_key("gated-0")
         }
     })
     .await;
@@ -287,7 +288,7 @@ async fn a_view_past_etcds_message_limit_is_read_in_pages_and_a_900_kb_config_is
             for i in 0..20 {
                 running += usize::from(get(&mut e, &format!("effective/instance/big-{i}/state")).await.as_deref() == Some("running"));
             }
-            running == 20
+            running == 20 && processes_of("big").len() == 20
         }
     })
     .await;
@@ -407,9 +408,10 @@ async fn instances_keep_running_while_etcd_is_down_and_the_agent_reconnects() {
     for (k, v) in [("effective/node/node-1/instance/solo-0/image", "builtin:http"), ("placement/node/node-1/solo-0", "solo")] {
         client.put(k, v, None).await.unwrap();
     }
+    // (Reported running once started: its process may not have exec'd yet.)
     wait_for("solo-0 runs", T, || {
         let mut e = client.clone();
-        async move { get(&mut e, "observed/node/node-1/instance/solo-0/state").await.as_deref() == Some("running") }
+        async move { get(&mut e, "observed/node/node-1/instance/solo-0/state").await.as_deref() == Some("running") && processes_of("solo").contains_key("solo-0") }
     })
     .await;
     let before = processes_of("solo");

@@ -30,6 +30,10 @@ pub struct Metrics {
     pub write_failures: Family<FailureLabels, Counter>,
     pub blocked: Gauge,
     pub explaining: Gauge,
+    /// Strings longer than a value holds inline, interned while any fact
+    /// holds them, and their bytes.
+    pub interned: Gauge,
+    pub interned_bytes: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -55,6 +59,8 @@ impl Metrics {
             write_failures: Family::default(),
             blocked: Gauge::default(),
             explaining: Gauge::default(),
+            interned: Gauge::default(),
+            interned_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("facts_held", "Input facts plus derived keys held", m.facts.clone());
@@ -71,6 +77,8 @@ impl Metrics {
         registry.register("write_failures", "Writes etcd failed or refused for good, by kind", m.write_failures.clone());
         registry.register("blocked_keys", "Derived keys etcd refuses to write (status/blocked/)", m.blocked.clone());
         registry.register("explanations_running", "/explain questions being answered (off the write-back path)", m.explaining.clone());
+        registry.register("interned_strings", "Long strings interned while a fact holds them", m.interned.clone());
+        registry.register("interned_bytes", "Bytes of the interned strings (released with the last fact that holds each)", m.interned_bytes.clone());
         Metrics { registry, ..m }
     }
 
@@ -81,6 +89,9 @@ impl Metrics {
         self.conflicts.set(r.outputs.conflicts.len() as i64);
         self.rejected.set(r.inputs.rejected.len() as i64);
         self.blocked.set(r.blocked().count() as i64);
+        let (strings, bytes) = ccattler_engine::value::interned();
+        self.interned.set(strings as i64);
+        self.interned_bytes.set(bytes as i64);
     }
 
     /// A write that failed: `split` (a transaction refused for good, halved

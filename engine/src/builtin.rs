@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 
 /// Orders text values by their text (interning order is not user-visible order).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct ByText(pub Value);
 impl Ord for ByText {
     fn cmp(&self, o: &Self) -> Ordering {
@@ -118,16 +118,17 @@ struct Round {
 }
 
 impl Round {
-    fn charge(&mut self, node: Value, need: &[i64]) -> i64 {
-        let room = self.rooms.get_mut(&node).expect("only offered nodes are chosen");
+    fn charge(&mut self, node: &Value, need: &[i64]) -> i64 {
+        let room = self.rooms.get_mut(node).expect("only offered nodes are chosen");
         let before = room.score();
         room.charge(need);
         let after = room.score();
-        if !self.reserved.contains(&node) {
-            self.ranked.remove(&(before, ByText(node)));
-            self.ranked.insert((after, ByText(node)));
-            self.ranked_packed.remove(&(-before, ByText(node)));
-            self.ranked_packed.insert((-after, ByText(node)));
+        if !self.reserved.contains(node) {
+            let key = ByText(node.clone());
+            self.ranked.remove(&(before, key.clone()));
+            self.ranked_packed.remove(&(-before, key.clone()));
+            self.ranked.insert((after, key.clone()));
+            self.ranked_packed.insert((-after, key));
         }
         after
     }
@@ -159,7 +160,8 @@ impl Inputs {
 
     /// Resource names by index (sorted by text), from needs and rooms.
     fn resources(&self) -> BTreeMap<ByText, usize> {
-        let names: BTreeSet<ByText> = self.arg(arg::NEED).iter().map(|r| ByText(r[1])).chain(self.arg(arg::ROOM).iter().map(|r| ByText(r[1]))).collect();
+        let names: BTreeSet<ByText> =
+            self.arg(arg::NEED).iter().map(|r| ByText(r[1].clone())).chain(self.arg(arg::ROOM).iter().map(|r| ByText(r[1].clone()))).collect();
         names.into_iter().enumerate().map(|(i, n)| (n, i)).collect()
     }
 
@@ -169,8 +171,8 @@ impl Inputs {
         let resources = self.resources();
         let mut needs: HashMap<Value, Vec<i64>> = HashMap::new();
         for r in self.arg(arg::NEED) {
-            let v = needs.entry(r[0]).or_insert_with(|| vec![0; resources.len()]);
-            let i = resources[&ByText(r[1])];
+            let v = needs.entry(r[0].clone()).or_insert_with(|| vec![0; resources.len()]);
+            let i = resources[&ByText(r[1].clone())];
             v[i] = v[i].max(int(&r[2]));
         }
         needs
@@ -182,15 +184,15 @@ impl Inputs {
         let n = resources.len();
         let mut rooms: HashMap<Value, Room> = HashMap::new();
         for r in self.arg(arg::OFFER) {
-            let room = rooms.entry(r[0]).or_insert(Room { total: vec![0; n], left: vec![0; n], handed: vec![0; n], base: int(&r[1]) });
+            let room = rooms.entry(r[0].clone()).or_insert(Room { total: vec![0; n], left: vec![0; n], handed: vec![0; n], base: int(&r[1]) });
             room.base = room.base.min(int(&r[1]));
         }
         let mut seen: HashSet<(Value, usize)> = HashSet::new();
         for r in self.arg(arg::ROOM) {
             let Some(room) = rooms.get_mut(&r[0]) else { continue };
-            let i = resources[&ByText(r[1])];
+            let i = resources[&ByText(r[1].clone())];
             let (free, total) = (int(&r[2]), int(&r[3]));
-            if seen.insert((r[0], i)) {
+            if seen.insert((r[0].clone(), i)) {
                 room.left[i] = free;
                 room.total[i] = total;
             } else {
@@ -205,51 +207,51 @@ impl Inputs {
     pub fn assign(&self) -> Vec<(Value, Value)> {
         let resources = self.resources();
         let rooms = self.rooms(&resources);
-        let reserved: HashSet<Value> = self.arg(arg::RESERVED).iter().map(|r| r[0]).filter(|n| rooms.contains_key(n)).collect();
+        let reserved: HashSet<Value> = self.arg(arg::RESERVED).iter().map(|r| r[0].clone()).filter(|n| rooms.contains_key(n)).collect();
         let unreserved = rooms.iter().filter(|(n, _)| !reserved.contains(n));
-        let ranked = unreserved.clone().map(|(n, r)| (r.score(), ByText(*n))).collect();
-        let ranked_packed = unreserved.map(|(n, r)| (-r.score(), ByText(*n))).collect();
+        let ranked = unreserved.clone().map(|(n, r)| (r.score(), ByText(n.clone()))).collect();
+        let ranked_packed = unreserved.map(|(n, r)| (-r.score(), ByText(n.clone()))).collect();
         let mut round = Round { resources, rooms, reserved, ranked, ranked_packed };
         let needs = self.needs();
         let no_need = vec![0; round.resources.len()];
         // A pair listed twice counts with its largest count.
         let mut spread: HashMap<Value, HashMap<Value, i64>> = HashMap::new();
         for r in self.arg(arg::SPREAD) {
-            let e = spread.entry(r[0]).or_default().entry(r[1]).or_insert(int(&r[2]));
+            let e = spread.entry(r[0].clone()).or_default().entry(r[1].clone()).or_insert(int(&r[2]));
             *e = (*e).max(int(&r[2]));
         }
-        let restricted: HashSet<Value> = self.arg(arg::RESTRICTED).iter().map(|r| r[0]).collect();
+        let restricted: HashSet<Value> = self.arg(arg::RESTRICTED).iter().map(|r| r[0].clone()).collect();
         let mut allowed: HashMap<Value, Vec<Value>> = HashMap::new();
         for r in self.arg(arg::ALLOWED) {
-            allowed.entry(r[0]).or_default().push(r[1]);
+            allowed.entry(r[0].clone()).or_default().push(r[1].clone());
         }
         let mut admitted: HashMap<Value, Vec<Value>> = HashMap::new();
         for r in self.arg(arg::ADMITTED) {
-            admitted.entry(r[0]).or_default().push(r[1]);
+            admitted.entry(r[0].clone()).or_default().push(r[1].clone());
         }
         // A service spread by two keys keeps the smallest skew of the first key.
         let mut hard: HashMap<Value, (Value, i64)> = HashMap::new();
         for r in self.arg(arg::HARD_SPREAD) {
-            let e = hard.entry(r[0]).or_insert((r[1], int(&r[2])));
-            if ByText(r[1]) < ByText(e.0) || (r[1] == e.0 && int(&r[2]) < e.1) {
-                *e = (r[1], int(&r[2]));
+            let e = hard.entry(r[0].clone()).or_insert((r[1].clone(), int(&r[2])));
+            if ByText(r[1].clone()) < ByText(e.0.clone()) || (r[1] == e.0 && int(&r[2]) < e.1) {
+                *e = (r[1].clone(), int(&r[2]));
             }
         }
         let mut topology: HashMap<(Value, Value), Value> = HashMap::new();
         for r in self.arg(arg::TOPOLOGY) {
-            let e = topology.entry((r[0], r[1])).or_insert(r[2]);
-            if ByText(r[2]) < ByText(*e) {
-                *e = r[2];
+            let e = topology.entry((r[0].clone(), r[1].clone())).or_insert(r[2].clone());
+            if ByText(r[2].clone()) < ByText(e.clone()) {
+                *e = r[2].clone();
             }
         }
-        let packed: HashSet<Value> = self.arg(arg::PACKED).iter().map(|r| r[0]).collect();
+        let packed: HashSet<Value> = self.arg(arg::PACKED).iter().map(|r| r[0].clone()).collect();
         let mut order: Vec<&Row> = self.arg(arg::PENDING).iter().collect();
         order.sort_by(|a, b| int(&b[2]).cmp(&int(&a[2])).then_with(|| a[1].cmp_text(&b[1])).then_with(|| a[0].cmp_text(&b[0])));
         let no_spread = HashMap::new();
         let no_nodes = Vec::new();
         let mut out = Vec::new();
         for group in order.chunk_by(|a, b| a[1] == b[1] && a[2] == b[2]) {
-            let service = group[0][1];
+            let service = group[0][1].clone();
             let need = needs.get(&service).unwrap_or(&no_need);
             let counts = spread.get(&service).unwrap_or(&no_spread);
             let policy = Policy { packed: packed.contains(&service) };
@@ -259,32 +261,35 @@ impl Inputs {
                     && (!is_restricted || allowed.get(&service).is_some_and(|a| a.contains(n)))
                     && (!round.reserved.contains(n) || admitted.get(&service).is_some_and(|a| a.contains(n)))
             };
-            let instances: Vec<Value> = group.iter().map(|r| r[0]).collect();
-            if let Some(&(key, max_skew)) = hard.get(&service) {
+            let instances: Vec<Value> = group.iter().map(|r| r[0].clone()).collect();
+            if let Some((key, max_skew)) = hard.get(&service) {
                 // Every usable node that has a domain for the key.
                 let candidates: Vec<Value> = if is_restricted {
                     allowed.get(&service).unwrap_or(&no_nodes).clone()
                 } else {
-                    let mut c: Vec<Value> = round.rooms.keys().filter(|n| !round.reserved.contains(n)).copied().collect();
-                    c.extend(admitted.get(&service).unwrap_or(&no_nodes));
+                    let mut c: Vec<Value> = round.rooms.keys().filter(|n| !round.reserved.contains(n)).cloned().collect();
+                    c.extend(admitted.get(&service).unwrap_or(&no_nodes).iter().cloned());
                     c
                 };
-                let nodes: BTreeMap<ByText, Value> =
-                    candidates.into_iter().filter(|n| usable(n, &round)).filter_map(|n| topology.get(&(n, key)).map(|d| (ByText(n), *d))).collect();
-                assign_hard_spread(&mut round, &instances, need, counts, &policy, &nodes, max_skew, &mut out);
+                let nodes: BTreeMap<ByText, Value> = candidates
+                    .into_iter()
+                    .filter(|n| usable(n, &round))
+                    .filter_map(|n| topology.get(&(n.clone(), key.clone())).map(|d| (ByText(n), d.clone())))
+                    .collect();
+                assign_hard_spread(&mut round, &instances, need, counts, &policy, &nodes, *max_skew, &mut out);
                 continue;
             }
             // The service's own nodes, keyed like the ranking: those it is
             // restricted to, those it already has instances on, and reserved
             // nodes it is admitted to.
-            let mut own_nodes: Vec<Value> = if is_restricted { allowed.get(&service).unwrap_or(&no_nodes).clone() } else { counts.keys().copied().collect() };
-            own_nodes.extend(admitted.get(&service).unwrap_or(&no_nodes));
+            let mut own_nodes: Vec<Value> = if is_restricted { allowed.get(&service).unwrap_or(&no_nodes).clone() } else { counts.keys().cloned().collect() };
+            own_nodes.extend(admitted.get(&service).unwrap_or(&no_nodes).iter().cloned());
             let mut own: BTreeSet<(i64, i64, ByText)> = BTreeSet::new();
             let mut own_spread: HashMap<Value, i64> = HashMap::new();
             for n in own_nodes {
                 if usable(&n, &round) && !own_spread.contains_key(&n) {
-                    let k = counts.get(&n).copied().unwrap_or(0);
-                    own_spread.insert(n, k);
+                    let k = counts.get(&n).cloned().unwrap_or(0);
+                    own_spread.insert(n.clone(), k);
                     own.insert(policy.key(k, round.rooms[&n].score(), n));
                 }
             }
@@ -293,35 +298,36 @@ impl Inputs {
             let mut resume: Option<(i64, ByText)> = None;
             let mut others_left = !is_restricted;
             let mut cannot_fit: HashSet<Value> = HashSet::new();
-            for &instance in &instances {
+            for instance in instances {
                 let best_own = loop {
-                    let Some(&first) = own.first() else { break None };
+                    let Some(first) = own.first() else { break None };
                     if round.rooms[&first.2 .0].fits(need) {
-                        break Some(first);
+                        break Some(first.clone());
                     }
+                    let first = first.clone();
                     own.remove(&first);
                 };
                 let best_other = if !others_left {
                     None
                 } else {
                     let ranking = if policy.packed { &round.ranked_packed } else { &round.ranked };
-                    let from = resume.map_or(Bound::Unbounded, Bound::Included);
+                    let from = resume.as_ref().map_or(Bound::Unbounded, Bound::Included);
                     let mut found = None;
-                    for &(score, ByText(n)) in ranking.range((from, Bound::Unbounded)) {
-                        if own_spread.contains_key(&n) || cannot_fit.contains(&n) {
+                    for (score, ByText(n)) in ranking.range((from, Bound::Unbounded)) {
+                        if own_spread.contains_key(n) || cannot_fit.contains(n) {
                             continue;
                         }
-                        if !round.rooms[&n].fits(need) {
-                            cannot_fit.insert(n);
+                        if !round.rooms[n].fits(need) {
+                            cannot_fit.insert(n.clone());
                             continue;
                         }
-                        found = Some((score, ByText(n)));
+                        found = Some((*score, ByText(n.clone())));
                         break;
                     }
                     // Nodes only leave the others (charged, they become the
                     // service's own), so once none is left none comes back.
                     others_left = found.is_some();
-                    resume = found;
+                    resume.clone_from(&found);
                     found.map(|(score, n)| (0, score, n))
                 };
                 let chosen = match (best_own, best_other) {
@@ -331,12 +337,12 @@ impl Inputs {
                         None => continue,
                     },
                 };
-                let node = chosen.2 .0;
-                let charged = round.charge(node, need);
-                let k = own_spread.get(&node).copied().unwrap_or(0) + 1;
                 own.remove(&chosen);
-                own.insert(policy.key(k, charged, node));
-                own_spread.insert(node, k);
+                let node = chosen.2 .0;
+                let charged = round.charge(&node, need);
+                let k = own_spread.get(&node).copied().unwrap_or(0) + 1;
+                own.insert(policy.key(k, charged, node.clone()));
+                own_spread.insert(node.clone(), k);
                 out.push((instance, node));
             }
         }
@@ -360,55 +366,55 @@ fn assign_hard_spread(
     out: &mut Vec<(Value, Value)>,
 ) {
     type Key = (i64, i64, ByText);
-    let mut count: HashMap<Value, i64> = nodes.values().map(|d| (*d, 0)).collect();
+    let mut count: HashMap<Value, i64> = nodes.values().map(|d| (d.clone(), 0)).collect();
     for (n, k) in spread {
-        if let Some(d) = nodes.get(&ByText(*n)) {
+        if let Some(d) = nodes.get(&ByText(n.clone())) {
             *count.get_mut(d).expect("every domain counted") += k;
         }
     }
     let mut node_spread: HashMap<Value, i64> = HashMap::new();
     let mut in_domain: HashMap<Value, BTreeSet<Key>> = HashMap::new();
-    for (&ByText(n), d) in nodes {
-        let k = spread.get(&n).copied().unwrap_or(0);
-        node_spread.insert(n, k);
-        in_domain.entry(*d).or_default().insert(policy.key(k, round.rooms[&n].score(), n));
+    for (ByText(n), d) in nodes {
+        let k = spread.get(n).copied().unwrap_or(0);
+        node_spread.insert(n.clone(), k);
+        in_domain.entry(d.clone()).or_default().insert(policy.key(k, round.rooms[n].score(), n.clone()));
     }
     // Every domain by count (for the minimum), and the domains that still
     // have a node that may fit by (count, best node, domain).
-    let mut by_count: BTreeSet<(i64, ByText)> = count.iter().map(|(d, c)| (*c, ByText(*d))).collect();
-    let mut ranked: BTreeSet<(i64, Key, ByText)> = in_domain.iter().filter_map(|(d, ns)| Some((count[d], *ns.first()?, ByText(*d)))).collect();
-    for &instance in instances {
+    let mut by_count: BTreeSet<(i64, ByText)> = count.iter().map(|(d, c)| (*c, ByText(d.clone()))).collect();
+    let mut ranked: BTreeSet<(i64, Key, ByText)> = in_domain.iter().filter_map(|(d, ns)| Some((count[d], ns.first()?.clone(), ByText(d.clone())))).collect();
+    for instance in instances {
         let min = by_count.first().map_or(0, |(c, _)| *c);
         let chosen = loop {
-            let Some(&(c, best, d)) = ranked.first() else { break None };
+            let Some((c, best, d)) = ranked.first() else { break None };
             if c + 1 - min > max_skew {
                 break None; // the least-filled domain with a node would exceed the skew
             }
             if round.rooms[&best.2 .0].fits(need) {
-                break Some((c, best, d));
+                break Some((*c, best.clone(), d.clone()));
             }
             // It cannot fit this service: out of its domain for the round.
-            ranked.remove(&(c, best, d));
+            let (c, best, d) = ranked.pop_first().expect("just looked");
             let set = in_domain.get_mut(&d.0).expect("ranked domains have nodes");
             set.remove(&best);
-            if let Some(&next) = set.first() {
-                ranked.insert((c, next, d));
+            if let Some(next) = set.first() {
+                ranked.insert((c, next.clone(), d));
             }
         };
         let Some((c, best, d)) = chosen else { break };
-        let node = best.2 .0;
-        let charged = round.charge(node, need);
+        ranked.remove(&(c, best.clone(), d.clone()));
+        let node = best.2 .0.clone();
+        let charged = round.charge(&node, need);
         let k = node_spread[&node] + 1;
-        node_spread.insert(node, k);
+        node_spread.insert(node.clone(), k);
         let set = in_domain.get_mut(&d.0).expect("ranked domains have nodes");
         set.remove(&best);
-        set.insert(policy.key(k, charged, node));
-        ranked.remove(&(c, best, d));
-        ranked.insert((c + 1, *set.first().expect("just inserted"), d));
-        by_count.remove(&(c, d));
-        by_count.insert((c + 1, d));
+        set.insert(policy.key(k, charged, node.clone()));
+        ranked.insert((c + 1, set.first().expect("just inserted").clone(), d.clone()));
+        by_count.remove(&(c, d.clone()));
         *count.get_mut(&d.0).expect("counted") += 1;
-        out.push((instance, node));
+        by_count.insert((c + 1, d));
+        out.push((instance.clone(), node));
     }
 }
 
@@ -442,30 +448,31 @@ impl Inputs {
     pub fn preempt(&self) -> Vec<(Value, Value)> {
         let a = |x: usize| self.arg(x);
         // Resources by index, needs, rooms (as assign reads them).
-        let names: BTreeSet<ByText> = a(parg::NEED).iter().map(|r| ByText(r[1])).chain(a(parg::ROOM).iter().map(|r| ByText(r[1]))).collect();
+        let names: BTreeSet<ByText> = a(parg::NEED).iter().map(|r| ByText(r[1].clone())).chain(a(parg::ROOM).iter().map(|r| ByText(r[1].clone()))).collect();
         let index: BTreeMap<ByText, usize> = names.into_iter().enumerate().map(|(i, n)| (n, i)).collect();
         let zero = vec![0i64; index.len()];
         let mut needs: HashMap<Value, Vec<i64>> = HashMap::new();
         for r in a(parg::NEED) {
-            let v = needs.entry(r[0]).or_insert_with(|| zero.clone());
-            let i = index[&ByText(r[1])];
+            let v = needs.entry(r[0].clone()).or_insert_with(|| zero.clone());
+            let i = index[&ByText(r[1].clone())];
             v[i] = v[i].max(int(&r[2]));
         }
         let mut free: BTreeMap<ByText, Vec<i64>> = BTreeMap::new();
         let mut seen: HashSet<(Value, usize)> = HashSet::new();
         for r in a(parg::ROOM) {
-            let f = free.entry(ByText(r[0])).or_insert_with(|| zero.clone());
-            let i = index[&ByText(r[1])];
-            f[i] = if seen.insert((r[0], i)) { int(&r[2]) } else { f[i].min(int(&r[2])) };
+            let f = free.entry(ByText(r[0].clone())).or_insert_with(|| zero.clone());
+            let i = index[&ByText(r[1].clone())];
+            f[i] = if seen.insert((r[0].clone(), i)) { int(&r[2]) } else { f[i].min(int(&r[2])) };
         }
-        let has = |x: usize, row: &[Value]| a(x).iter().any(|r| r.as_slice() == row);
+        let has1 = |x: usize, v: &Value| a(x).iter().any(|r| r.len() == 1 && r[0] == *v);
+        let has2 = |x: usize, s: &Value, n: &Value| a(x).iter().any(|r| r.len() == 2 && r[0] == *s && r[1] == *n);
         let usable =
-            |s: Value, n: Value| (!has(parg::RESTRICTED, &[s]) || has(parg::ALLOWED, &[s, n])) && (!has(parg::RESERVED, &[n]) || has(parg::ADMITTED, &[s, n]));
-        let mut spare: HashMap<Value, i64> = a(parg::BUDGET).iter().map(|r| (r[0], int(&r[1]))).collect();
+            |s: &Value, n: &Value| (!has1(parg::RESTRICTED, s) || has2(parg::ALLOWED, s, n)) && (!has1(parg::RESERVED, n) || has2(parg::ADMITTED, s, n));
+        let mut spare: HashMap<Value, i64> = a(parg::BUDGET).iter().map(|r| (r[0].clone(), int(&r[1]))).collect();
         // Victims per node, lowest priority first, then by name; with what they hold.
         let mut victims: BTreeMap<ByText, Vec<(i64, ByText, Value)>> = BTreeMap::new();
         for r in a(parg::VICTIM) {
-            victims.entry(ByText(r[1])).or_default().push((int(&r[3]), ByText(r[0]), r[2]));
+            victims.entry(ByText(r[1].clone())).or_default().push((int(&r[3]), ByText(r[0].clone()), r[2].clone()));
         }
         for v in victims.values_mut() {
             v.sort();
@@ -477,9 +484,9 @@ impl Inputs {
         let fits = |left: &[i64], need: &[i64]| left.iter().zip(need).all(|(l, n)| l >= n);
         let mut out = Vec::new();
         for p in order {
-            let (instance, service, priority) = (p[0], p[1], int(&p[2]));
+            let (instance, service, priority) = (p[0].clone(), p[1].clone(), int(&p[2]));
             let need = needs.get(&service).unwrap_or(&zero);
-            if let Some(left) = free.iter_mut().find(|(n, left)| usable(service, n.0) && fits(left, need)).map(|(_, l)| l) {
+            if let Some(left) = free.iter_mut().find(|(n, left)| usable(&service, &n.0) && fits(left, need)).map(|(_, l)| l) {
                 // Room without evicting anyone: the next round places it there.
                 for (l, n) in left.iter_mut().zip(need) {
                     *l -= n;
@@ -490,35 +497,35 @@ impl Inputs {
             let mut best: Option<((usize, i64, ByText), Vec<(Value, Value)>)> = None;
             for (node, on) in &victims {
                 let Some(left) = free.get(node) else { continue };
-                if !usable(service, node.0) {
+                if !usable(&service, &node.0) {
                     continue;
                 }
                 let mut left = left.clone();
                 let mut chosen = Vec::new();
                 let mut used_spare: HashMap<Value, i64> = HashMap::new();
                 let mut top = i64::MIN;
-                for &(vp, ByText(v), vs) in on {
-                    if fits(&left, need) || vp >= priority {
+                for (vp, ByText(v), vs) in on {
+                    if fits(&left, need) || *vp >= priority {
                         break;
                     }
-                    if taken.contains(&v) {
+                    if taken.contains(v) {
                         continue;
                     }
-                    let spent = used_spare.entry(vs).or_default();
-                    if spare.get(&vs).is_some_and(|s| *spent >= *s) {
+                    let spent = used_spare.entry(vs.clone()).or_default();
+                    if spare.get(vs).is_some_and(|s| *spent >= *s) {
                         continue; // the budget spares no more of this service
                     }
                     *spent += 1;
-                    for (l, n) in left.iter_mut().zip(needs.get(&vs).unwrap_or(&zero)) {
+                    for (l, n) in left.iter_mut().zip(needs.get(vs).unwrap_or(&zero)) {
                         *l += n;
                     }
-                    chosen.push((v, vs));
-                    top = top.max(vp);
+                    chosen.push((v.clone(), vs.clone()));
+                    top = top.max(*vp);
                 }
                 if !fits(&left, need) || chosen.is_empty() {
                     continue;
                 }
-                let key = (chosen.len(), top, *node);
+                let key = (chosen.len(), top, node.clone());
                 if best.as_ref().is_none_or(|(k, _)| key < *k) {
                     best = Some((key, chosen));
                 }
@@ -526,14 +533,14 @@ impl Inputs {
             let Some(((_, _, node), chosen)) = best else { continue };
             let left = free.get_mut(&node).expect("a node with room rows");
             for (v, vs) in &chosen {
-                taken.insert(*v);
+                taken.insert(v.clone());
                 if let Some(s) = spare.get_mut(vs) {
                     *s -= 1;
                 }
                 for (l, n) in left.iter_mut().zip(needs.get(vs).unwrap_or(&zero)) {
                     *l += n;
                 }
-                out.push((*v, instance));
+                out.push((v.clone(), instance.clone()));
             }
             for (l, n) in left.iter_mut().zip(need) {
                 *l -= n;
@@ -597,9 +604,9 @@ mod tests {
     }
 
     /// What one service may use, by the documented rules.
-    fn usable(x: &Inputs, s: Value, n: Value) -> bool {
-        let has = |a: usize, row: &[Value]| x.arg(a).iter().any(|r| r.as_slice() == row);
-        x.arg(arg::OFFER).iter().any(|r| r[0] == n)
+    fn usable(x: &Inputs, s: &Value, n: &Value) -> bool {
+        let has = |a: usize, row: &[&Value]| x.arg(a).iter().any(|r| r.len() == row.len() && r.iter().zip(row).all(|(a, b)| a == *b));
+        x.arg(arg::OFFER).iter().any(|r| r[0] == *n)
             && (!has(arg::RESTRICTED, &[s]) || has(arg::ALLOWED, &[s, n]))
             && (!has(arg::RESERVED, &[n]) || has(arg::ADMITTED, &[s, n]))
     }
@@ -616,35 +623,36 @@ mod tests {
         let mut added: HashMap<(Value, Value), i64> = HashMap::new();
         let mut out = Vec::new();
         for p in order {
-            let (i, s) = (p[0], p[1]);
-            let need = needs.get(&s).unwrap_or(&zero);
-            let packed = x.arg(arg::PACKED).iter().any(|r| r[0] == s);
-            let spread = |n: Value| x.arg(arg::SPREAD).iter().filter(|r| r[0] == s && r[1] == n).map(|r| int(&r[2])).max().unwrap_or(0);
-            let hard = x.arg(arg::HARD_SPREAD).iter().filter(|r| r[0] == s).map(|r| (ByText(r[1]), int(&r[2]))).min().map(|(k, m)| (k.0, m));
-            let domain = |n: Value| -> Option<Value> {
-                let (key, _) = hard?;
-                x.arg(arg::TOPOLOGY).iter().filter(|r| r[0] == n && r[1] == key).map(|r| ByText(r[2])).min().map(|d| d.0)
+            let (i, s) = (&p[0], &p[1]);
+            let need = needs.get(s).unwrap_or(&zero);
+            let packed = x.arg(arg::PACKED).iter().any(|r| r[0] == *s);
+            let spread = |n: &Value| x.arg(arg::SPREAD).iter().filter(|r| r[0] == *s && r[1] == *n).map(|r| int(&r[2])).max().unwrap_or(0);
+            let hard = x.arg(arg::HARD_SPREAD).iter().filter(|r| r[0] == *s).map(|r| (ByText(r[1].clone()), int(&r[2]))).min().map(|(k, m)| (k.0, m));
+            let domain = |n: &Value| -> Option<Value> {
+                let (key, _) = hard.as_ref()?;
+                x.arg(arg::TOPOLOGY).iter().filter(|r| r[0] == *n && r[1] == *key).map(|r| ByText(r[2].clone())).min().map(|d| d.0)
             };
-            let nodes: Vec<Value> = rooms.keys().copied().filter(|n| usable(x, s, *n) && (hard.is_none() || domain(*n).is_some())).collect();
-            let count = |d: Value| nodes.iter().filter(|n| domain(**n) == Some(d)).map(|n| spread(*n) + added.get(&(s, *n)).copied().unwrap_or(0)).sum::<i64>();
-            let min = nodes.iter().filter_map(|n| domain(*n)).map(count).min().unwrap_or(0);
+            let nodes: Vec<Value> = rooms.keys().filter(|n| usable(x, s, n) && (hard.is_none() || domain(n).is_some())).cloned().collect();
+            let added_on = |n: &Value| added.get(&(s.clone(), n.clone())).copied().unwrap_or(0);
+            let count = |d: Value| nodes.iter().filter(|n| domain(n) == Some(d.clone())).map(|n| spread(n) + added_on(n)).sum::<i64>();
+            let min = nodes.iter().filter_map(|n| domain(n)).map(count).min().unwrap_or(0);
             let mut keyed: Vec<((i64, i64, i64, ByText), Value)> = nodes
                 .iter()
-                .filter(|n| rooms[n].fits(need))
-                .filter(|n| hard.is_none_or(|(_, m)| count(domain(**n).unwrap()) + 1 - min <= m))
+                .filter(|n| rooms[*n].fits(need))
+                .filter(|n| hard.as_ref().is_none_or(|(_, m)| count(domain(n).unwrap()) + 1 - min <= *m))
                 .map(|n| {
-                    let c = domain(*n).map_or(0, count);
-                    let k = spread(*n) + added.get(&(s, *n)).copied().unwrap_or(0);
+                    let c = domain(n).map_or(0, count);
+                    let k = spread(n) + added_on(n);
                     let score = rooms[n].score();
-                    let key = if packed { (c, 0, -score, ByText(*n)) } else { (c, k, score, ByText(*n)) };
-                    (key, *n)
+                    let key = if packed { (c, 0, -score, ByText(n.clone())) } else { (c, k, score, ByText(n.clone())) };
+                    (key, n.clone())
                 })
                 .collect();
             keyed.sort_by(|a, b| a.0.cmp(&b.0));
             if let Some((_, n)) = keyed.first() {
                 rooms.get_mut(n).unwrap().charge(need);
-                *added.entry((s, *n)).or_default() += 1;
-                out.push((i, *n));
+                *added.entry((s.clone(), n.clone())).or_default() += 1;
+                out.push((i.clone(), n.clone()));
             }
         }
         out.sort_by(|a, b| a.0.cmp_text(&b.0));
@@ -662,12 +670,12 @@ mod tests {
         let zero = vec![0; resources.len()];
         let mut used: HashMap<Value, Vec<i64>> = HashMap::new();
         let mut seen = HashSet::new();
-        let service_of = |i: Value| x.arg(arg::PENDING).iter().find(|p| p[0] == i).map(|p| p[1]).expect("assigned instances are pending");
+        let service_of = |i: Value| x.arg(arg::PENDING).iter().find(|p| p[0] == i).map(|p| p[1].clone()).expect("assigned instances are pending");
         for (i, n) in out {
-            assert!(seen.insert(*i), "{i:?} assigned twice");
-            let s = service_of(*i);
-            assert!(usable(x, s, *n), "{i:?} on {n:?}, which its service may not use");
-            let u = used.entry(*n).or_insert_with(|| zero.clone());
+            assert!(seen.insert(i.clone()), "{i:?} assigned twice");
+            let s = service_of(i.clone());
+            assert!(usable(x, &s, n), "{i:?} on {n:?}, which its service may not use");
+            let u = used.entry(n.clone()).or_insert_with(|| zero.clone());
             for (r, a) in needs.get(&s).unwrap_or(&zero).iter().enumerate() {
                 u[r] += a;
             }
@@ -681,7 +689,7 @@ mod tests {
                 continue;
             }
             let need = needs.get(&p[1]).unwrap_or(&zero);
-            for (n, room) in rooms.iter().filter(|(n, _)| usable(x, p[1], **n)) {
+            for (n, room) in rooms.iter().filter(|(n, _)| usable(x, &p[1], n)) {
                 let u = used.get(n).unwrap_or(&zero);
                 assert!(room.left.iter().zip(u).zip(need).any(|((l, u), nd)| l - u < *nd), "{:?} left pending though {n:?} has room", p[0]);
             }

@@ -41,7 +41,11 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
             return a.clone();
         }
         let f = filter.clone();
-        let arr = self.relation(rel).filter(move |row| f.accepts(row)).map(move |row| (key_pos.iter().map(|p| row[*p]).collect::<Row>(), row)).arrange_by_key();
+        let arr = self
+            .relation(rel)
+            .filter(move |row| f.accepts(row))
+            .map(move |row| (key_pos.iter().map(|p| row[*p].clone()).collect::<Row>(), row))
+            .arrange_by_key();
         self.arranged.insert(k, arr.clone());
         arr
     }
@@ -68,7 +72,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     self.relation(*rel).filter(move |row| f.accepts(row)).flat_map(move |fact| {
                         let mut row = vec![Value::Int(0); nvars];
                         for (pos, var) in &bind {
-                            row[*var] = fact[*pos];
+                            row[*var] = fact[*pos].clone();
                         }
                         finish.run(row)
                     })
@@ -77,10 +81,10 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     let arr = self.arrangement(*rel, filter, key.iter().map(|(p, _)| *p).collect());
                     let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
                     let bind = bind.clone();
-                    b.map(move |row| (key_vars.iter().map(|v| row[*v]).collect::<Row>(), row)).join_core(arr, move |_k, binding: &Row, fact: &Row| {
+                    b.map(move |row| (key_vars.iter().map(|v| row[*v].clone()).collect::<Row>(), row)).join_core(arr, move |_k, binding: &Row, fact: &Row| {
                         let mut out = binding.clone();
                         for (pos, var) in &bind {
-                            out[*var] = fact[*pos];
+                            out[*var] = fact[*pos].clone();
                         }
                         finish.run(out)
                     })
@@ -89,10 +93,15 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     let b = b.unwrap_or_else(|| self.unit.clone().map(move |_| vec![Value::Int(0); nvars]));
                     let f = filter.clone();
                     let positions: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
-                    let present =
-                        self.relation(*rel).filter(move |row| f.accepts(row)).map(move |row| positions.iter().map(|p| row[*p]).collect::<Row>()).distinct();
+                    let present = self
+                        .relation(*rel)
+                        .filter(move |row| f.accepts(row))
+                        .map(move |row| positions.iter().map(|p| row[*p].clone()).collect::<Row>())
+                        .distinct();
                     let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
-                    b.map(move |row| (key_vars.iter().map(|v| row[*v]).collect::<Row>(), row)).antijoin(present).flat_map(move |(_, row)| finish.run(row))
+                    b.map(move |row| (key_vars.iter().map(|v| row[*v].clone()).collect::<Row>(), row))
+                        .antijoin(present)
+                        .flat_map(move |(_, row)| finish.run(row))
                 }
                 // No atom yet: start from the one empty row.
                 (None, None) => self.unit.clone().flat_map(move |_| finish.run(vec![Value::Int(0); nvars])),

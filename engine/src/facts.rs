@@ -324,9 +324,9 @@ pub fn encode(program: &Program, rel: RelId, row: &[Value]) -> Result<(String, S
             return Err(format!("`{}` = {text:?} is not a name ({why})", col.name));
         }
         if let Some(c) = &col.constraint {
-            let fits = match row[i] {
-                Value::Int(n) => c.check_int(n),
-                Value::Str(s) => c.check_text(s.as_str()),
+            let fits = match &row[i] {
+                Value::Int(n) => c.check_int(*n),
+                v => c.check_text(&v.text()),
             };
             fits.map_err(|why| format!("`{}`: {why}", col.name))?;
         }
@@ -517,7 +517,7 @@ mod tests {
         let text = "input v(s: string, n: int) from \"v/{s}\"\noutput o(s: string, n: int) to \"o/{s}/x\"\noutput p(s: name) to \"p/{s}\"\n\
                     o(s, n) :- v(s, n).\np(s ++ \"-\" ++ n) :- v(s, n).\n";
         let p = ccattler_parser::check_str("t.rules", text).program.expect("valid");
-        let row = |rule: i64, vals: &[Value]| std::iter::once(Value::Int(rule)).chain(vals.iter().copied()).collect::<Row>();
+        let row = |rule: i64, vals: &[Value]| std::iter::once(Value::Int(rule)).chain(vals.iter().cloned()).collect::<Row>();
         let mut out = OutputFacts::default();
         let touched = out.apply(
             &p,

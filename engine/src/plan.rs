@@ -2,7 +2,7 @@
 //! (one slot per rule variable): scan or join an atom, anti-join a negated
 //! atom, filter, assign, expand a range; then build the head.
 
-use crate::value::{Row, Sym, Value};
+use crate::value::{Row, Value};
 use ccattler_parser::ast::{AggKind, BinOp, CmpOp, Func};
 use ccattler_parser::program::{self, Expr, HeadTerm, Lit, Program, RelId, Term};
 
@@ -31,15 +31,15 @@ impl CExpr {
     /// the literal using it does not hold.
     pub fn eval(&self, b: &[Value]) -> Option<Value> {
         Some(match self {
-            CExpr::Val(v) => *v,
-            CExpr::Var(i) => b[*i],
+            CExpr::Val(v) => v.clone(),
+            CExpr::Var(i) => b[*i].clone(),
             CExpr::Neg(x) => Value::Int(x.eval(b)?.as_int()?.checked_neg()?),
             CExpr::Call(f, args) => {
                 let a = |i: usize| args.get(i).and_then(|e| e.eval(b));
-                let text = |v: Value| v.text();
+                let truth = |t: bool| Value::str(if t { "true" } else { "false" });
                 match f {
-                    Func::Len => Value::Int(text(a(0)?).chars().count() as i64),
-                    Func::Bytes => Value::Int(text(a(0)?).len() as i64),
+                    Func::Len => Value::Int(a(0)?.text().chars().count() as i64),
+                    Func::Bytes => Value::Int(a(0)?.text().len() as i64),
                     Func::Min => {
                         let (x, y) = (a(0)?, a(1)?);
                         if y.cmp_text(&x).is_lt() {
@@ -56,23 +56,34 @@ impl CExpr {
                             x
                         }
                     }
-                    Func::StartsWith => Value::str(if text(a(0)?).starts_with(&*text(a(1)?)) { "true" } else { "false" }),
-                    Func::Contains => Value::str(if text(a(0)?).contains(&*text(a(1)?)) { "true" } else { "false" }),
+                    Func::StartsWith => {
+                        let (x, y) = (a(0)?, a(1)?);
+                        truth(x.text().starts_with(&*y.text()))
+                    }
+                    Func::Contains => {
+                        let (x, y) = (a(0)?, a(1)?);
+                        truth(x.text().contains(&*y.text()))
+                    }
                     Func::ToString => Value::str(&a(0)?.text()),
-                    Func::InNetwork => Value::str(if ccattler_parser::ast::in_network(&text(a(0)?), &text(a(1)?)) { "true" } else { "false" }),
+                    Func::InNetwork => {
+                        let (x, y) = (a(0)?, a(1)?);
+                        truth(ccattler_parser::ast::in_network(&x.text(), &y.text()))
+                    }
                     Func::Before => {
-                        let (s, sep) = (text(a(0)?), text(a(1)?));
+                        let (x, y) = (a(0)?, a(1)?);
+                        let (s, sep) = (x.text(), y.text());
                         Value::str(s.split_once(&*sep).map_or(&*s, |(b, _)| b))
                     }
                     Func::After => {
-                        let (s, sep) = (text(a(0)?), text(a(1)?));
+                        let (x, y) = (a(0)?, a(1)?);
+                        let (s, sep) = (x.text(), y.text());
                         Value::str(s.split_once(&*sep).map_or("", |(_, a)| a))
                     }
                 }
             }
             CExpr::Bin(BinOp::Concat, x, y) => {
                 let (x, y) = (x.eval(b)?, y.eval(b)?);
-                Value::Str(Sym::new(&format!("{x}{y}")))
+                Value::str(&format!("{x}{y}"))
             }
             CExpr::Bin(op, x, y) => {
                 let (x, y) = (x.eval(b)?.as_int()?, y.eval(b)?.as_int()?);
@@ -194,8 +205,8 @@ impl RulePlan {
         self.head_terms
             .iter()
             .map(|h| match h {
-                CHead::Expr(_) => *g.next().expect("group has one value per plain head term"),
-                CHead::Agg(..) => *a.next().expect("one result per aggregate"),
+                CHead::Expr(_) => g.next().expect("group has one value per plain head term").clone(),
+                CHead::Agg(..) => a.next().expect("one result per aggregate").clone(),
             })
             .collect()
     }
@@ -206,7 +217,7 @@ impl RulePlan {
         let mut offset = 0;
         for h in &self.head_terms {
             let CHead::Agg(kind, es) = h else { continue };
-            let arg = |row: &Row, i: usize| row[offset + i];
+            let arg = |row: &Row, i: usize| row[offset + i].clone();
             let v = match kind {
                 AggKind::Count => Value::Int(input.iter().map(|(_, m)| *m as i64).sum()),
                 AggKind::Sum => {

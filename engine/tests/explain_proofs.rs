@@ -93,7 +93,8 @@ impl Checker<'_> {
                     }
                 }
                 (Lit::Range { var, lo, hi }, Premise::Condition { .. }) => {
-                    let (lo, hi, v) = (eval_expr(lo, b).and_then(|v| v.as_int()), eval_expr(hi, b).and_then(|v| v.as_int()), b[*var].and_then(|v| v.as_int()));
+                    let (lo, hi, v) =
+                        (eval_expr(lo, b).and_then(|v| v.as_int()), eval_expr(hi, b).and_then(|v| v.as_int()), b[*var].clone().and_then(|v| v.as_int()));
                     if !matches!((lo, hi, v), (Some(l), Some(h), Some(v)) if l <= v && v < h) {
                         return Err(format!("range {} does not hold", self.program.sources.slice(lit.span)));
                     }
@@ -132,7 +133,7 @@ impl Checker<'_> {
                 let b = self.binding(&r, bindings)?;
                 for (t, v) in r.head_terms.iter().zip(&row) {
                     let HeadTerm::Expr(e) = t else { return Err("an aggregate rule shown as a rule".into()) };
-                    if eval_expr(e, &b) != Some(*v) {
+                    if eval_expr(e, &b) != Some(v.clone()) {
                         return Err(format!("the head of {} does not give {}", rule.text, n.fact));
                     }
                 }
@@ -157,7 +158,7 @@ impl Checker<'_> {
                     let b = self.binding(&r, &c.bindings)?;
                     for (t, v) in r.head_terms.iter().zip(&row) {
                         if let HeadTerm::Expr(e) = t {
-                            if eval_expr(e, &b) != Some(*v) {
+                            if eval_expr(e, &b) != Some(v.clone()) {
                                 return Err(format!("a contribution to {} is in another group", n.fact));
                             }
                         }
@@ -169,7 +170,7 @@ impl Checker<'_> {
                 // Every contribution is listed.
                 let all: BTreeSet<Vec<Option<Value>>> = body_bindings(&r, self.db)
                     .into_iter()
-                    .filter(|b| r.head_terms.iter().zip(&row).all(|(t, v)| !matches!(t, HeadTerm::Expr(e) if eval_expr(e, b) != Some(*v))))
+                    .filter(|b| r.head_terms.iter().zip(&row).all(|(t, v)| !matches!(t, HeadTerm::Expr(e) if eval_expr(e, b) != Some(v.clone()))))
                     .collect();
                 if all != shown {
                     return Err(format!("{}: {} contributions listed, {} exist", n.fact, shown.len(), all.len()));

@@ -74,7 +74,7 @@ impl<'a> Db<'a> {
                 return Some(Ok(inputs.tuples_matching(program, rel, bound)));
             }
             // The arrangement is ordered by whole rows: seek the bound leading columns.
-            let lead: Vec<Value> = (0..).map_while(|c| bound.iter().find(|(p, _)| *p == c).map(|(_, v)| *v)).collect();
+            let lead: Vec<Value> = (0..).map_while(|c| bound.iter().find(|(p, _)| *p == c).map(|(_, v)| v.clone())).collect();
             if lead.is_empty() {
                 return None;
             }
@@ -127,7 +127,7 @@ impl<'a> Db<'a> {
         };
         if !positions.is_empty() && reads <= KEYED_READS && !self.loaded.borrow().contains_key(&rel) {
             if let Some(some) = &self.some {
-                let bound: Vec<(usize, Value)> = positions.iter().copied().zip(values.iter().copied()).collect();
+                let bound: Vec<(usize, Value)> = positions.iter().cloned().zip(values.iter().cloned()).collect();
                 if let Some(rows) = self.looked_up.borrow().get(&(rel, bound.clone())) {
                     return Ok(rows.to_vec());
                 }
@@ -152,7 +152,7 @@ impl<'a> Db<'a> {
                 .or_insert_with(|| {
                     let mut ix: HashMap<Vec<Value>, Vec<usize>> = HashMap::new();
                     for (i, r) in rows.iter().enumerate() {
-                        ix.entry(positions.iter().map(|p| r[*p]).collect()).or_default().push(i);
+                        ix.entry(positions.iter().map(|p| r[*p].clone()).collect()).or_default().push(i);
                     }
                     Rc::new(ix)
                 })
@@ -193,7 +193,7 @@ impl<'a> Db<'a> {
         let cols: Vec<String> = row.iter().map(|v| v.to_string()).collect();
         let key = pattern.render(&cols);
         let fact = self.inputs.facts.get(&key)?;
-        let value_ok = pattern.value_column.is_none_or(|c| Value::parse(r.columns[c].ty, &fact.value).ok() == Some(row[c]));
+        let value_ok = pattern.value_column.is_none_or(|c| Value::parse(r.columns[c].ty, &fact.value).ok() == Some(row[c].clone()));
         value_ok.then_some((key, fact))
     }
 
@@ -208,7 +208,7 @@ impl<'a> Db<'a> {
                 continue;
             }
             for row in self.rows(rel)?.iter() {
-                seen.entry(row[0].to_string()).or_insert(row[0]);
+                seen.entry(row[0].to_string()).or_insert(row[0].clone());
             }
         }
         Ok(seen.into_values().collect())

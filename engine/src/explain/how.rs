@@ -48,13 +48,13 @@ impl<'d, 'a> Prover<'d, 'a> {
 
     /// All derivations of a derived fact (at most LIMIT).
     fn derivations(&self, rel: RelId, row: &[Value]) -> Result<Vec<Derivation>, String> {
-        let target: Vec<Option<Value>> = row.iter().copied().map(Some).collect();
+        let target: Vec<Option<Value>> = row.iter().cloned().map(Some).collect();
         let mut out = Vec::new();
         for (pi, plan) in self.plans.iter().enumerate().filter(|(_, p)| p.head == rel) {
             if plan.has_aggregate() {
                 // The group: the plain head terms are fixed, the aggregates are what the group gives.
                 let group_target: Vec<Option<Value>> =
-                    plan.head_terms.iter().zip(&target).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { *v }).collect();
+                    plan.head_terms.iter().zip(&target).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { v.clone() }).collect();
                 let Some(start) = matcher::head_binding(plan, &group_target) else { continue };
                 let ms: Vec<Match> =
                     matcher::matches(self.db, plan, start, usize::MAX)?.into_iter().filter(|m| matcher::head_agrees(plan, &m.binding, &group_target)).collect();
@@ -69,7 +69,7 @@ impl<'d, 'a> Prover<'d, 'a> {
                     }
                 }
                 let input: Vec<(&Row, isize)> = args.iter().map(|a| (a, 1)).collect();
-                let group: Vec<Value> = plan.head_terms.iter().zip(row).filter(|(t, _)| !matches!(t, CHead::Agg(..))).map(|(_, v)| *v).collect();
+                let group: Vec<Value> = plan.head_terms.iter().zip(row).filter(|(t, _)| !matches!(t, CHead::Agg(..))).map(|(_, v)| v.clone()).collect();
                 let result = plan.aggregate(&input).map(|aggs| plan.head_from_group(&group, &aggs));
                 if result.as_deref() == Some(row) {
                     out.push(Derivation { plan: pi, matches: ms });
@@ -160,13 +160,13 @@ impl<'d, 'a> Prover<'d, 'a> {
     fn preempt_premises(&self, row: &[Value], b: &Builtin) -> Result<Vec<Fact>, String> {
         use ccattler_parser::program::preempt_arg as a;
         let rel = |x: usize| b.arg(x);
-        let (victim, preemptor) = (row[0], row[1]);
+        let (victim, preemptor) = (row[0].clone(), row[1].clone());
         let mut out = Vec::new();
         out.extend(self.db.lookup(rel(a::PREEMPTOR), &[0], &[preemptor])?.into_iter().take(1).map(|r| (rel(a::PREEMPTOR), r)));
         let v = self.db.lookup(rel(a::VICTIM), &[0], &[victim])?;
         if let Some(v) = v.first() {
             out.push((rel(a::VICTIM), v.clone()));
-            out.extend(self.db.lookup(rel(a::BUDGET), &[0], &[v[2]])?.into_iter().take(1).map(|r| (rel(a::BUDGET), r)));
+            out.extend(self.db.lookup(rel(a::BUDGET), &[0], &[v[2].clone()])?.into_iter().take(1).map(|r| (rel(a::BUDGET), r)));
         }
         Ok(out)
     }
@@ -174,33 +174,33 @@ impl<'d, 'a> Prover<'d, 'a> {
     fn assign_premises(&self, row: &[Value], b: &Builtin) -> Result<Vec<Fact>, String> {
         use ccattler_parser::program::assign_arg as a;
         let rel = |x: usize| b.arg(x);
-        let (instance, node) = (row[0], row[1]);
-        let p = self.db.lookup(rel(a::PENDING), &[0], &[instance])?;
+        let (instance, node) = (row[0].clone(), row[1].clone());
+        let p = self.db.lookup(rel(a::PENDING), &[0], &[instance.clone()])?;
         let Some(p) = p.first() else { return Err(format!("assigned {instance} has no pending fact")) };
-        let service = p[1];
+        let service = &p[1];
         let mut out = vec![(rel(a::PENDING), p.clone())];
         let mut all = |x: usize, cols: &[usize], vals: &[Value], take: usize| -> Result<Vec<Value>, String> {
             let rows = self.db.lookup(rel(x), cols, vals)?;
-            let firsts = rows.iter().map(|r| r[r.len() - 1]).collect();
+            let firsts = rows.iter().map(|r| r[r.len() - 1].clone()).collect();
             out.extend(rows.into_iter().take(take).map(|r| (rel(x), r)));
             Ok(firsts)
         };
-        all(a::NEED, &[0], &[service], usize::MAX)?;
-        all(a::OFFER, &[0], &[node], 1)?;
-        all(a::ROOM, &[0], &[node], usize::MAX)?;
-        all(a::SPREAD, &[0, 1], &[service, node], 1)?;
-        if !all(a::RESTRICTED, &[0], &[service], 1)?.is_empty() {
-            all(a::ALLOWED, &[0, 1], &[service, node], 1)?;
+        all(a::NEED, &[0], &[service.clone()], usize::MAX)?;
+        all(a::OFFER, &[0], &[node.clone()], 1)?;
+        all(a::ROOM, &[0], &[node.clone()], usize::MAX)?;
+        all(a::SPREAD, &[0, 1], &[service.clone(), node.clone()], 1)?;
+        if !all(a::RESTRICTED, &[0], &[service.clone()], 1)?.is_empty() {
+            all(a::ALLOWED, &[0, 1], &[service.clone(), node.clone()], 1)?;
         }
-        if !all(a::RESERVED, &[0], &[node], 1)?.is_empty() {
-            all(a::ADMITTED, &[0, 1], &[service, node], 1)?;
+        if !all(a::RESERVED, &[0], &[node.clone()], 1)?.is_empty() {
+            all(a::ADMITTED, &[0, 1], &[service.clone(), node.clone()], 1)?;
         }
-        let hard = self.db.lookup(rel(a::HARD_SPREAD), &[0], &[service])?;
+        let hard = self.db.lookup(rel(a::HARD_SPREAD), &[0], &[service.clone()])?;
         if let Some(h) = hard.first() {
             out.push((rel(a::HARD_SPREAD), h.clone()));
-            out.extend(self.db.lookup(rel(a::TOPOLOGY), &[0, 1], &[node, h[1]])?.into_iter().take(1).map(|r| (rel(a::TOPOLOGY), r)));
+            out.extend(self.db.lookup(rel(a::TOPOLOGY), &[0, 1], &[node, h[1].clone()])?.into_iter().take(1).map(|r| (rel(a::TOPOLOGY), r)));
         }
-        out.extend(self.db.lookup(rel(a::PACKED), &[0], &[service])?.into_iter().take(1).map(|r| (rel(a::PACKED), r)));
+        out.extend(self.db.lookup(rel(a::PACKED), &[0], &[service.clone()])?.into_iter().take(1).map(|r| (rel(a::PACKED), r)));
         Ok(out)
     }
 
@@ -307,7 +307,7 @@ fn decisive(plan: &RulePlan, row: &[Value]) -> (String, Option<Value>) {
     for (t, v) in plan.head_terms.iter().zip(row) {
         if let CHead::Agg(kind, _) = t {
             let decided = !matches!(kind, AggKind::Count | AggKind::Sum);
-            return (kind.keyword().into(), decided.then_some(*v));
+            return (kind.keyword().into(), decided.then_some(v.clone()));
         }
     }
     (String::new(), None)

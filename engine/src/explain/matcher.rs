@@ -31,7 +31,7 @@ pub struct Match {
 }
 
 pub fn dense(b: &Binding) -> Vec<Value> {
-    b.iter().map(|v| v.unwrap_or(Value::Int(0))).collect()
+    b.iter().map(|v| v.clone().unwrap_or(Value::Int(0))).collect()
 }
 
 /// The variables a fact's head fixes: plain variables take the fact's
@@ -42,9 +42,9 @@ pub fn head_binding(plan: &RulePlan, target: &[Option<Value>]) -> Option<Binding
     for (term, want) in plan.head_terms.iter().zip(target) {
         let Some(want) = want else { continue };
         match term {
-            CHead::Expr(CExpr::Var(v)) => match b[*v] {
-                Some(x) if x != *want => return None,
-                _ => b[*v] = Some(*want),
+            CHead::Expr(CExpr::Var(v)) => match &b[*v] {
+                Some(x) if *x != *want => return None,
+                _ => b[*v] = Some(want.clone()),
             },
             CHead::Expr(CExpr::Val(c)) if c != want => return None,
             _ => {}
@@ -58,7 +58,7 @@ pub fn head_binding(plan: &RulePlan, target: &[Option<Value>]) -> Option<Binding
 pub fn head_agrees(plan: &RulePlan, b: &Binding, target: &[Option<Value>]) -> bool {
     let d = dense(b);
     plan.head_terms.iter().zip(target).all(|(term, want)| match (term, want) {
-        (CHead::Expr(e), Some(w)) => e.eval(&d) == Some(*w),
+        (CHead::Expr(e), Some(w)) => e.eval(&d) == Some(w.clone()),
         _ => true,
     })
 }
@@ -67,11 +67,11 @@ pub fn head_agrees(plan: &RulePlan, b: &Binding, target: &[Option<Value>]) -> bo
 pub fn atom_pattern(arity: usize, filter: &crate::plan::AtomFilter, key: &[(usize, usize)], bind: &[(usize, usize)], b: &Binding) -> Vec<Option<Value>> {
     let mut p = vec![None; arity];
     for (pos, v) in &filter.consts {
-        p[*pos] = Some(*v);
+        p[*pos] = Some(v.clone());
     }
     for (pos, var) in key.iter().chain(bind) {
-        if let Some(v) = b[*var] {
-            p[*pos] = Some(v);
+        if let Some(v) = &b[*var] {
+            p[*pos] = Some(v.clone());
         }
     }
     p
@@ -79,7 +79,7 @@ pub fn atom_pattern(arity: usize, filter: &crate::plan::AtomFilter, key: &[(usiz
 
 /// Facts of `rel` matching a pattern (and the atom's repeated-variable filter).
 pub fn matching(db: &Db, rel: RelId, pattern: &[Option<Value>], filter: &crate::plan::AtomFilter) -> Result<Vec<Row>, String> {
-    let (positions, values): (Vec<usize>, Vec<Value>) = pattern.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i, v))).unzip();
+    let (positions, values): (Vec<usize>, Vec<Value>) = pattern.iter().enumerate().filter_map(|(i, v)| v.clone().map(|v| (i, v))).unzip();
     Ok(db.lookup(rel, &positions, &values)?.into_iter().filter(|r| filter.accepts(r)).collect())
 }
 
@@ -96,7 +96,7 @@ pub fn step(db: &Db, plan: &RulePlan, i: usize, b: &Binding) -> Result<Vec<(Bind
                 .map(|row| {
                     let mut nb = b.clone();
                     for (pos, var) in bind {
-                        nb[*var] = Some(row[*pos]);
+                        nb[*var] = Some(row[*pos].clone());
                     }
                     (nb, Evidence::Fact(*rel, row))
                 })
@@ -116,7 +116,7 @@ pub fn step(db: &Db, plan: &RulePlan, i: usize, b: &Binding) -> Result<Vec<(Bind
             _ => vec![],
         },
         Step::Assign { var, expr } => match expr.eval(&d) {
-            Some(v) if b[*var].is_none_or(|x| x == v) => {
+            Some(v) if b[*var].clone().is_none_or(|x| x == v) => {
                 let mut nb = b.clone();
                 nb[*var] = Some(v);
                 vec![(nb, Evidence::Held)]
@@ -125,7 +125,7 @@ pub fn step(db: &Db, plan: &RulePlan, i: usize, b: &Binding) -> Result<Vec<(Bind
         },
         Step::Range { var, lo, hi } => {
             let (Some(lo), Some(hi)) = (lo.eval(&d).and_then(|v| v.as_int()), hi.eval(&d).and_then(|v| v.as_int())) else { return Ok(vec![]) };
-            match b[*var] {
+            match &b[*var] {
                 Some(v) => match v.as_int() {
                     Some(x) if lo <= x && x < hi => vec![(b.clone(), Evidence::Held)],
                     _ => vec![],

@@ -52,7 +52,7 @@ impl From<&Value> for Val {
     fn from(v: &Value) -> Val {
         match v {
             Value::Int(n) => Val::Int(*n),
-            Value::Str(s) => Val::Str(s.as_str().to_string()),
+            v => Val::Str(v.text().into_owned()),
         }
     }
 }
@@ -239,8 +239,8 @@ pub fn target(program: &Program, key: &str, value: Option<&str>) -> Result<(RelI
 /// Explains a key (and optionally one value of it) over the facts in `db`.
 pub fn explain(db: &Db, key: &str, value: Option<&str>, why_not: bool, opts: Options) -> Result<Explanation, ExplainError> {
     let (rel, pattern) = target(db.program, key, value)?;
-    let fixed: Vec<(usize, Value)> = pattern.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i, v))).collect();
-    let (pos, vals): (Vec<usize>, Vec<Value>) = fixed.iter().copied().unzip();
+    let fixed: Vec<(usize, Value)> = pattern.iter().enumerate().filter_map(|(i, v)| v.clone().map(|v| (i, v))).collect();
+    let (pos, vals): (Vec<usize>, Vec<Value>) = fixed.iter().cloned().unzip();
     let facts: Vec<Row> = db.lookup(rel, &pos, &vals).map_err(ExplainError::Facts)?;
     let holds = !facts.is_empty();
     // KEY=VALUE that does not hold: show what the key holds instead.
@@ -248,7 +248,7 @@ pub fn explain(db: &Db, key: &str, value: Option<&str>, why_not: bool, opts: Opt
         facts
     } else {
         let (key_pos, key_vals): (Vec<usize>, Vec<Value>) =
-            fixed.iter().copied().filter(|(i, _)| db.program.relations[rel].pattern.as_ref().is_none_or(|p| p.value_column != Some(*i))).unzip();
+            fixed.iter().cloned().filter(|(i, _)| db.program.relations[rel].pattern.as_ref().is_none_or(|p| p.value_column != Some(*i))).unzip();
         db.lookup(rel, &key_pos, &key_vals).map_err(ExplainError::Facts)?
     };
     let mut proofs = Vec::new();
@@ -279,25 +279,25 @@ pub fn bindings(program: &Program, rule: usize, b: &[Option<Value>]) -> Bindings
 
 /// The key of an input pattern, `*` for columns it leaves open.
 pub fn pattern_key(program: &Program, rel: RelId, pattern: &[Option<Value>]) -> Option<String> {
-    let cols: Vec<String> = pattern.iter().map(|v| v.map_or("*".to_string(), |v| v.to_string())).collect();
+    let cols: Vec<String> = pattern.iter().map(|v| v.clone().map_or("*".to_string(), |v| v.to_string())).collect();
     Some(program.relations[rel].pattern.as_ref()?.render(&cols))
 }
 
 /// `rel("a", 3, _)`: a fact or pattern as users read it.
 pub fn fact_text(program: &Program, rel: RelId, row: &[Option<Value>]) -> String {
     let r = &program.relations[rel];
-    let args: Vec<String> = row.iter().map(|v| v.map_or("_".to_string(), |v| value_text(&v))).collect();
+    let args: Vec<String> = row.iter().map(|v| v.clone().map_or("_".to_string(), |v| value_text(&v))).collect();
     format!("{}({})", r.name, args.join(", "))
 }
 
 pub fn row_text(program: &Program, rel: RelId, row: &[Value]) -> String {
-    fact_text(program, rel, &row.iter().copied().map(Some).collect::<Vec<_>>())
+    fact_text(program, rel, &row.iter().cloned().map(Some).collect::<Vec<_>>())
 }
 
 /// Strings quoted, numbers bare.
 pub fn value_text(v: &Value) -> String {
     match v {
         Value::Int(n) => n.to_string(),
-        Value::Str(s) => format!("{:?}", s.as_str()),
+        v => format!("{:?}", v.text()),
     }
 }

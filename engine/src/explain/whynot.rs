@@ -212,11 +212,11 @@ impl WhyNotCx<'_, '_> {
             return Ok(out);
         }
         for skip in &fixed {
-            let pos: Vec<usize> = fixed.iter().copied().filter(|p| p != skip).collect();
+            let pos: Vec<usize> = fixed.iter().cloned().filter(|p| p != skip).collect();
             if pos.is_empty() {
                 continue; // "anything else in the relation" is not near
             }
-            let vals: Vec<Value> = pos.iter().map(|p| pattern[*p].expect("fixed")).collect();
+            let vals: Vec<Value> = pos.iter().map(|p| pattern[*p].clone().expect("fixed")).collect();
             for row in self.db.lookup(rel, &pos, &vals)?.into_iter().take(3) {
                 out.push(row_text(self.db.program, rel, &row));
             }
@@ -231,7 +231,8 @@ impl WhyNotCx<'_, '_> {
         let program = self.db.program;
         let rule = self.db.rule_ref(plan.rule);
         // Aggregates: the group is what the rule body decides; the value is the aggregate's.
-        let group_pattern: Vec<Option<Value>> = plan.head_terms.iter().zip(pattern).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { *v }).collect();
+        let group_pattern: Vec<Option<Value>> =
+            plan.head_terms.iter().zip(pattern).map(|(t, v)| if matches!(t, CHead::Agg(..)) { None } else { v.clone() }).collect();
         let Some(start) = matcher::head_binding(plan, &group_pattern) else {
             return Ok(RuleWhyNot {
                 rule,
@@ -290,7 +291,7 @@ impl WhyNotCx<'_, '_> {
         }
         if plan.has_aggregate() && frontier.iter().any(|b| matcher::head_agrees(plan, b, &group_pattern)) {
             // The group exists; its aggregate is something else.
-            let (pos, vals): (Vec<usize>, Vec<Value>) = group_pattern.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i, v))).unzip();
+            let (pos, vals): (Vec<usize>, Vec<Value>) = group_pattern.iter().enumerate().filter_map(|(i, v)| v.clone().map(|v| (i, v))).unzip();
             let actual: Vec<String> = self.db.lookup(plan.head, &pos, &vals)?.iter().map(|r| row_text(program, plan.head, r)).collect();
             failures.push(Failure {
                 bindings: self.bindings(plan.rule, frontier.first().expect("some")),
@@ -366,7 +367,7 @@ impl WhyNotCx<'_, '_> {
             Step::Assign { var, expr } => {
                 let got = expr.eval(&dense(b)).map_or("no value (overflow or division by zero)".into(), |v| value_text(&v));
                 f.instance = f.literal.clone();
-                f.reason = match b[*var] {
+                f.reason = match &b[*var] {
                     Some(want) => format!("gives {got}, not {}", value_text(&want)),
                     None => format!("gives {got}"),
                 };
@@ -374,7 +375,7 @@ impl WhyNotCx<'_, '_> {
             Step::Range { var, lo, hi } => {
                 let d = dense(b);
                 let bound = |e: &crate::plan::CExpr| e.eval(&d).map_or("?".into(), |v| value_text(&v));
-                f.instance = format!("{} in {}..{}", b[*var].map_or("_".into(), |v| value_text(&v)), bound(lo), bound(hi));
+                f.instance = format!("{} in {}..{}", b[*var].clone().map_or("_".into(), |v| value_text(&v)), bound(lo), bound(hi));
                 f.reason = "out of range".into();
             }
         }
@@ -393,7 +394,7 @@ impl WhyNotCx<'_, '_> {
         use ccattler_parser::program::assign_arg as a;
         let program = self.db.program;
         let rel = |x: usize| b.arg(x);
-        let Some(instance) = pattern[0] else { return Err("why-not of an assignment needs the instance".into()) };
+        let Some(instance) = pattern[0].clone() else { return Err("why-not of an assignment needs the instance".into()) };
         let mut out = AssignWhyNot {
             instance: instance.to_string(),
             pending: None,
@@ -404,16 +405,16 @@ impl WhyNotCx<'_, '_> {
             verdict: String::new(),
             summary: String::new(),
         };
-        let pend = self.db.lookup(rel(a::PENDING), &[0], &[instance])?;
+        let pend = self.db.lookup(rel(a::PENDING), &[0], &[instance.clone()])?;
         let Some(p) = pend.first().cloned() else {
             let none: Vec<Option<Value>> =
-                std::iter::once(Some(instance)).chain(std::iter::repeat(None)).take(program.relations[rel(a::PENDING)].arity()).collect();
+                std::iter::once(Some(instance.clone())).chain(std::iter::repeat(None)).take(program.relations[rel(a::PENDING)].arity()).collect();
             let why = self.why_not(rel(a::PENDING), &none, depth + 1)?;
             out.summary = format!("{instance} is not pending: {}", short(&why));
             out.reasons.push(Reason { reason: format!("not pending: {}", short(&why)), count: 0, nodes: vec![] });
             return Ok(out);
         };
-        let service = p[1];
+        let service = &p[1].clone();
         // The round, as the dataflow ran it (the same built-in).
         let mut round = crate::builtin::Inputs { args: Vec::new() };
         for x in 0..ccattler_parser::program::ASSIGN.len() {
@@ -421,36 +422,36 @@ impl WhyNotCx<'_, '_> {
         }
         let int = |v: &Value| v.as_int().unwrap_or(0);
         // By resource name (the engine's own order of strings is arbitrary).
-        let mut needs: Vec<(Value, i64)> = round.arg(a::NEED).iter().filter(|r| r[0] == service).map(|r| (r[1], int(&r[2]))).collect();
+        let mut needs: Vec<(Value, i64)> = round.arg(a::NEED).iter().filter(|r| r[0] == *service).map(|r| (r[1].clone(), int(&r[2]))).collect();
         needs.sort_by(|a, b| a.0.cmp_text(&b.0));
         out.pending = Some(format!(
             "{}{}",
             row_text(program, rel(a::PENDING), &p),
             if needs.is_empty() { String::new() } else { format!(", needs {}", needs.iter().map(|(r, n)| format!("{r} {n}")).collect::<Vec<_>>().join(", ")) }
         ));
-        let is_restricted = round.arg(a::RESTRICTED).iter().any(|r| r[0] == service);
-        let hard = round.arg(a::HARD_SPREAD).iter().find(|r| r[0] == service).map(|r| (r[1], int(&r[2])));
+        let is_restricted = round.arg(a::RESTRICTED).iter().any(|r| r[0] == *service);
+        let hard = round.arg(a::HARD_SPREAD).iter().find(|r| r[0] == *service).map(|r| (r[1].clone(), int(&r[2])));
         let node_col = program.relations[rel(a::OFFER)].columns[0].name.clone();
-        let nodes = match pattern[1] {
-            Some(n) => vec![n],
+        let nodes = match &pattern[1] {
+            Some(n) => vec![n.clone()],
             None => self.db.domain(&node_col)?,
         };
         out.nodes = nodes.len();
         let assigned = round.assign();
-        let taken_by = assigned.iter().find(|(i, _)| *i == instance).map(|(_, n)| *n);
+        let taken_by = assigned.iter().find(|(i, _)| *i == instance).map(|(_, n)| n.clone());
         // What the round handed out per node and resource.
-        let service_of: BTreeMap<Value, Value> = round.arg(a::PENDING).iter().map(|r| (r[0], r[1])).collect();
+        let service_of: BTreeMap<Value, Value> = round.arg(a::PENDING).iter().map(|r| (r[0].clone(), r[1].clone())).collect();
         let mut charged: BTreeMap<(Value, Value), i64> = BTreeMap::new();
         for (i, n) in &assigned {
-            let s = service_of.get(i).copied();
-            for r in round.arg(a::NEED).iter().filter(|r| Some(r[0]) == s) {
-                *charged.entry((*n, r[1])).or_default() += int(&r[2]);
+            let s = service_of.get(i).cloned();
+            for r in round.arg(a::NEED).iter().filter(|r| Some(r[0].clone()) == s) {
+                *charged.entry((n.clone(), r[1].clone())).or_default() += int(&r[2]);
             }
         }
         // Domain counts of a hard spread, as the round left them.
         let domain_of = |n: &Value| -> Option<Value> {
-            let (key, _) = hard?;
-            round.arg(a::TOPOLOGY).iter().find(|r| r[0] == *n && r[1] == key).map(|r| r[2])
+            let (key, _) = hard.as_ref()?;
+            round.arg(a::TOPOLOGY).iter().find(|r| r[0] == *n && r[1] == *key).map(|r| r[2].clone())
         };
         let mut domain_count: BTreeMap<String, i64> = BTreeMap::new();
         if hard.is_some() {
@@ -459,7 +460,7 @@ impl WhyNotCx<'_, '_> {
                     domain_count.entry(d.to_string()).or_default();
                 }
             }
-            for r in round.arg(a::SPREAD).iter().filter(|r| r[0] == service) {
+            for r in round.arg(a::SPREAD).iter().filter(|r| r[0] == *service) {
                 if let Some(d) = domain_of(&r[1]) {
                     *domain_count.entry(d.to_string()).or_default() += int(&r[2]);
                 }
@@ -472,7 +473,7 @@ impl WhyNotCx<'_, '_> {
                 }
             }
         }
-        let min_count = domain_count.values().min().copied().unwrap_or(0);
+        let min_count = domain_count.values().min().cloned().unwrap_or(0);
         // Why a fact about one node does not hold, as reasons in which the
         // node's own name becomes the column's, so nodes with the same reason group.
         let reasons_for = |what: &str, r: RelId, pattern: &[Option<Value>], n: &Value| -> Result<Vec<String>, String> {
@@ -498,22 +499,23 @@ impl WhyNotCx<'_, '_> {
             let mut reasons: Vec<String> = Vec::new();
             let offered = round.arg(a::OFFER).iter().any(|r| r[0] == *n);
             let reserved = round.arg(a::RESERVED).iter().any(|r| r[0] == *n);
-            if is_restricted && !round.arg(a::ALLOWED).iter().any(|r| r[0] == service && r[1] == *n) {
-                reasons = reasons_for("not allowed", rel(a::ALLOWED), &[Some(service), Some(*n)], n)?;
-            } else if reserved && !round.arg(a::ADMITTED).iter().any(|r| r[0] == service && r[1] == *n) {
-                reasons = reasons_for("reserved, not admitted", rel(a::ADMITTED), &[Some(service), Some(*n)], n)?;
+            if is_restricted && !round.arg(a::ALLOWED).iter().any(|r| r[0] == *service && r[1] == *n) {
+                reasons = reasons_for("not allowed", rel(a::ALLOWED), &[Some(service.clone()), Some(n.clone())], n)?;
+            } else if reserved && !round.arg(a::ADMITTED).iter().any(|r| r[0] == *service && r[1] == *n) {
+                reasons = reasons_for("reserved, not admitted", rel(a::ADMITTED), &[Some(service.clone()), Some(n.clone())], n)?;
             } else if !offered {
                 let none: Vec<Option<Value>> =
-                    std::iter::once(Some(*n)).chain(std::iter::repeat(None)).take(program.relations[rel(a::OFFER)].arity()).collect();
+                    std::iter::once(Some(n.clone())).chain(std::iter::repeat(None)).take(program.relations[rel(a::OFFER)].arity()).collect();
                 reasons = reasons_for("offers nothing", rel(a::OFFER), &none, n)?;
-            } else if let (Some((key, _)), None) = (hard, domain_of(n)) {
+            } else if let (Some((key, _)), None) = (&hard, domain_of(n)) {
                 reasons.push(format!("has no {key} domain (its hard spread's topology key)"));
             } else {
-                let room: BTreeMap<Value, (i64, i64)> = round.arg(a::ROOM).iter().filter(|r| r[0] == *n).map(|r| (r[1], (int(&r[2]), int(&r[3])))).collect();
+                let room: BTreeMap<Value, (i64, i64)> =
+                    round.arg(a::ROOM).iter().filter(|r| r[0] == *n).map(|r| (r[1].clone(), (int(&r[2]), int(&r[3])))).collect();
                 let mut lacks = false;
                 let mut ever = true;
                 for (res, need) in &needs {
-                    let (free, total) = room.get(res).copied().unwrap_or((0, 0));
+                    let (free, total) = room.get(res).cloned().unwrap_or((0, 0));
                     if free < *need {
                         lacks = true;
                         reasons.push(format!("insufficient {res} (needs {need})"));
@@ -523,20 +525,20 @@ impl WhyNotCx<'_, '_> {
                 }
                 big_enough |= ever;
                 if !lacks {
-                    let left = |res: &Value| room.get(res).map_or(0, |x| x.0) - charged.get(&(*n, *res)).copied().unwrap_or(0);
-                    let skew = hard.and_then(|(_, max)| {
+                    let left = |res: &Value| room.get(res).map_or(0, |x| x.0) - charged.get(&(n.clone(), res.clone())).cloned().unwrap_or(0);
+                    let skew = hard.as_ref().and_then(|(_, max)| {
                         let d = domain_of(n)?.to_string();
-                        let c = domain_count.get(&d).copied().unwrap_or(0);
-                        (c + 1 - min_count > max).then(|| format!("its domain {d} has {c} instance(s), the least filled {min_count}: over max_skew {max}"))
+                        let c = domain_count.get(&d).cloned().unwrap_or(0);
+                        (c + 1 - min_count > *max).then(|| format!("its domain {d} has {c} instance(s), the least filled {min_count}: over max_skew {max}"))
                     });
-                    if taken_by == Some(*n) {
+                    if taken_by == Some(n.clone()) {
                         out.fit += 1;
                         continue;
                     } else if needs.iter().any(|(res, need)| left(res) < *need) {
                         reasons.push("room taken by other instances assigned in the same round".into());
                     } else if let Some(why) = skew {
                         reasons.push(why);
-                    } else if let Some(t) = taken_by {
+                    } else if let Some(t) = &taken_by {
                         reasons.push(format!("fits, but {} ranks better", t));
                     } else {
                         out.fit += 1;
@@ -580,7 +582,7 @@ fn nearest_row(rows: &[crate::value::Row], pattern: &[Option<Value>]) -> Option<
     let text = |v: &Value| v.to_string();
     rows.iter()
         .filter_map(|r| {
-            let d: usize = pattern.iter().zip(r).filter_map(|(p, v)| p.map(|p| ccattler_parser::check::edit_distance(&text(&p), &text(v)))).sum();
+            let d: usize = pattern.iter().zip(r).filter_map(|(p, v)| p.clone().map(|p| ccattler_parser::check::edit_distance(&text(&p), &text(v)))).sum();
             let len: usize = pattern.iter().flatten().map(|p| text(p).len()).sum();
             (d <= 2.max(len / 3)).then(|| (d, r.clone()))
         })

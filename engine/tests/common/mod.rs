@@ -116,7 +116,7 @@ pub fn eval_expr(e: &Expr, b: &[Option<Value>]) -> Option<Value> {
     Some(match e {
         Expr::Const(Const::Int(n)) => Value::Int(*n),
         Expr::Const(Const::Str(s)) => Value::str(s),
-        Expr::Var(v) => b[*v]?,
+        Expr::Var(v) => b[*v].clone()?,
         Expr::Neg(x) => Value::Int(eval_expr(x, b)?.as_int()?.checked_neg()?),
         Expr::Bin(BinOp::Concat, x, y) => Value::str(&format!("{}{}", eval_expr(x, b)?, eval_expr(y, b)?)),
         // The functions, written out on their own (not the engine's code).
@@ -143,15 +143,15 @@ pub fn eval_expr(e: &Expr, b: &[Option<Value>]) -> Option<Value> {
                 }
                 ccattler_parser::ast::Func::InNetwork => truth(s(1).split(',').any(|net| in_network_by_bits(s(0).trim(), net.trim()))),
                 ccattler_parser::ast::Func::Min | ccattler_parser::ast::Func::Max => {
-                    let less = match (vals[0], vals[1]) {
+                    let less = match (vals[0].clone(), vals[1].clone()) {
                         (Value::Int(x), Value::Int(y)) => y < x,
                         (x, y) => y.to_string() < x.to_string(),
                     };
                     let take_second = if *f == ccattler_parser::ast::Func::Min { less } else { vals[0] != vals[1] && !less };
                     if take_second {
-                        vals[1]
+                        vals[1].clone()
                     } else {
-                        vals[0]
+                        vals[0].clone()
                     }
                 }
             }
@@ -176,10 +176,10 @@ pub fn matches(args: &[Term], row: &Row, b: &mut [Option<Value>]) -> bool {
             Term::Wildcard => continue,
             Term::Const(Const::Int(n)) => Value::Int(*n),
             Term::Const(Const::Str(s)) => Value::str(s),
-            Term::Var(x) => match b[*x] {
-                Some(bound) => bound,
+            Term::Var(x) => match &b[*x] {
+                Some(bound) => bound.clone(),
                 None => {
-                    b[*x] = Some(*v);
+                    b[*x] = Some(v.clone());
                     continue;
                 }
             },
@@ -244,12 +244,12 @@ pub fn aggregate(kind: AggKind, args: &[Vec<Value>]) -> Value {
     match kind {
         AggKind::Count => Value::Int(args.len() as i64),
         AggKind::Sum => Value::Int(args.iter().map(|v| v[0].as_int().unwrap()).sum()),
-        AggKind::Min => args.iter().map(|v| v[0]).min_by(|a, b| a.cmp_text(b)).unwrap(),
-        AggKind::Max => args.iter().map(|v| v[0]).max_by(|a, b| a.cmp_text(b)).unwrap(),
+        AggKind::Min => args.iter().map(|v| v[0].clone()).min_by(|a, b| a.cmp_text(b)).unwrap(),
+        AggKind::Max => args.iter().map(|v| v[0].clone()).max_by(|a, b| a.cmp_text(b)).unwrap(),
         AggKind::ArgMax | AggKind::ArgMin => {
-            let mut best = (args[0][0], args[0][1]);
+            let mut best = (args[0][0].clone(), args[0][1].clone());
             for v in &args[1..] {
-                let (val, key) = (v[0], v[1]);
+                let (val, key) = (v[0].clone(), v[1].clone());
                 let better = match key.cmp_text(&best.1) {
                     std::cmp::Ordering::Equal => val.cmp_text(&best.0).is_lt(),
                     o if kind == AggKind::ArgMax => o.is_gt(),
@@ -291,7 +291,7 @@ pub fn derive(rule: &ccattler_parser::program::Rule, db: &Db) -> BTreeSet<Row> {
             .head_terms
             .iter()
             .map(|h| match h {
-                HeadTerm::Expr(_) => *gi.next().unwrap(),
+                HeadTerm::Expr(_) => gi.next().unwrap().clone(),
                 HeadTerm::Agg(k, es) => {
                     let slice: Vec<Vec<Value>> = args.iter().map(|a| a[off..off + es.len()].to_vec()).collect();
                     off += es.len();
