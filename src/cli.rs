@@ -99,7 +99,7 @@ enum Command {
         #[command(flatten)]
         etcd: EtcdArgs,
         #[arg(long, default_value = "rules")]
-        rules: PathBuf,
+        rules: Vec<PathBuf>,
         /// Address for /healthz, /readyz and /metrics.
         #[arg(long, default_value = "127.0.0.1:9090")]
         listen: std::net::SocketAddr,
@@ -147,7 +147,7 @@ enum Command {
         #[command(flatten)]
         etcd: EtcdArgs,
         #[arg(long, default_value = "rules/autoscaler")]
-        rules: PathBuf,
+        rules: Vec<PathBuf>,
         /// Seconds between rounds, 1 to 3600 (a standby takes over after three).
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
         period: u64,
@@ -259,7 +259,7 @@ enum Command {
         writer: String,
         /// The rules every key and value is checked against before anything is written.
         #[arg(long, default_value = "rules")]
-        rules: PathBuf,
+        rules: Vec<PathBuf>,
         #[command(flatten)]
         etcd: EtcdArgs,
     },
@@ -278,7 +278,7 @@ enum Command {
         #[command(flatten)]
         etcd: EtcdArgs,
         #[arg(long, default_value = "rules")]
-        rules: PathBuf,
+        rules: Vec<PathBuf>,
         /// What if: apply these changes (`KEY = VALUE` puts, `- KEY`
         /// deletes) to the live state (or to --facts) and print how the
         /// derived keys would change, to a fixed point; nothing is written.
@@ -305,7 +305,7 @@ enum Command {
         /// Test files or directories.
         paths: Vec<PathBuf>,
         #[arg(long, default_value = "rules")]
-        rules: PathBuf,
+        rules: Vec<PathBuf>,
         /// Run only cases whose name contains this text.
         #[arg(long)]
         run: Option<String>,
@@ -333,7 +333,7 @@ enum Command {
         #[command(flatten)]
         etcd: EtcdArgs,
         #[arg(long, default_value = "rules")]
-        rules: PathBuf,
+        rules: Vec<PathBuf>,
         /// Levels of the derivation tree shown; deeper facts are cut with a marker.
         #[arg(long, default_value_t = 12)]
         depth: usize,
@@ -346,7 +346,7 @@ enum Command {
         /// A relation name, or a key (`effective/service/web/instances`).
         what: Option<String>,
         #[arg(long, default_value = "rules")]
-        rules: PathBuf,
+        rules: Vec<PathBuf>,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
@@ -360,7 +360,7 @@ enum Command {
         #[arg(long)]
         facts: PathBuf,
         #[arg(long, default_value = "rules")]
-        rules: PathBuf,
+        rules: Vec<PathBuf>,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
         /// Engine worker threads (default: one per core).
@@ -603,7 +603,11 @@ fn check(paths: Vec<PathBuf>, facts: Option<&std::path::Path>, format: Format) -
     let checked = ccattler_parser::load(&default_rules(paths))?;
     let mut ok = checked.errors() == 0;
     if let (Some(file), Some(program)) = (facts, &checked.program) {
-        let (errors, warnings) = lint_facts(program, file, &read_facts(file)?);
+        let lines = read_facts(file)?;
+        let (mut errors, warnings) = lint_facts(program, file, &lines);
+        if errors.is_empty() && checked.errors() == 0 {
+            errors = policy_denials(&std::sync::Arc::new(program.clone()), file, &lines)?;
+        }
         for l in warnings.iter().chain(&errors) {
             eprintln!("{l}");
         }
@@ -628,11 +632,11 @@ fn check(paths: Vec<PathBuf>, facts: Option<&std::path::Path>, format: Format) -
 }
 
 /// Loads and checks rules; on errors prints the diagnostics and returns None.
-fn load_program(rules: &std::path::Path) -> anyhow::Result<Option<std::sync::Arc<ccattler_parser::Program>>> {
-    let checked = ccattler_parser::load(&[rules.to_path_buf()])?;
+fn load_program(rules: &[PathBuf]) -> anyhow::Result<Option<std::sync::Arc<ccattler_parser::Program>>> {
+    let checked = ccattler_parser::load(rules)?;
     if checked.errors() > 0 {
         eprint!("{}", checked.render());
-        eprintln!("{}: {} error(s) in the rules", rules.display(), checked.errors());
+        eprintln!("{}: {} error(s) in the rules", rules.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", "), checked.errors());
         return Ok(None);
     }
     Ok(checked.program.map(std::sync::Arc::new))
@@ -657,7 +661,7 @@ fn session_from_facts(
     Ok((session, lines))
 }
 
-fn eval(facts: &std::path::Path, rules: &std::path::Path, format: Format, workers: usize) -> anyhow::Result<ExitCode> {
+fn eval(facts: &std::path::Path, rules: &[PathBuf], format: Format, workers: usize) -> anyhow::Result<ExitCode> {
     let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
     let (session, lines) = session_from_facts(program, facts, workers)?;
     let line_of = |key: &str| lines.iter().find(|f| f.key == key).map_or(0, |f| f.line);
@@ -693,7 +697,7 @@ fn explain(
     facts: Option<&std::path::Path>,
     revision: Option<i64>,
     etcd: &EtcdArgs,
-    rules: &std::path::Path,
+    rules: &[PathBuf],
     depth: usize,
     format: Format,
 ) -> anyhow::Result<ExitCode> {
@@ -790,12 +794,12 @@ fn explain_served(url: &str, asked: &str, why_not: bool, depth: usize, format: F
 }
 
 /// `*.test` files under the given paths (default `<rules>/tests`), sorted.
-fn test_files(paths: Vec<PathBuf>, rules: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
-    let paths = if paths.is_empty() { vec![rules.join("tests")] } else { paths };
+fn test_files(paths: Vec<PathBuf>, rules: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let paths = if paths.is_empty() { rules.iter().map(|r| r.join("tests")).filter(|t| t.is_dir()).collect() } else { paths };
     Ok(ccattler_parser::files_with_extension(&paths, "test")?)
 }
 
-fn test(paths: Vec<PathBuf>, rules: &std::path::Path, filter: Option<&str>, format: Format) -> anyhow::Result<ExitCode> {
+fn test(paths: Vec<PathBuf>, rules: &[PathBuf], filter: Option<&str>, format: Format) -> anyhow::Result<ExitCode> {
     use ccattler_engine::ruletest;
     let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
     let mut results = Vec::new();
@@ -839,7 +843,7 @@ fn exit_on_panic() {
     }));
 }
 
-fn describe(what: Option<&str>, rules: &std::path::Path, format: Format) -> anyhow::Result<ExitCode> {
+fn describe(what: Option<&str>, rules: &[PathBuf], format: Format) -> anyhow::Result<ExitCode> {
     use ccattler_parser::describe;
     let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
     let found = match what {
@@ -932,7 +936,7 @@ fn serve_http(instance: String) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn plan(etcd: &EtcdArgs, rules: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn plan(etcd: &EtcdArgs, rules: &[PathBuf]) -> anyhow::Result<ExitCode> {
     use ccattler_bridge::{etcd as e, Op, Reconciler};
     let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
     let cfg = etcd.config()?;
@@ -959,7 +963,7 @@ fn plan(etcd: &EtcdArgs, rules: &std::path::Path) -> anyhow::Result<ExitCode> {
 
 /// `plan --with FILE`: the derived keys at the fixed point of the current
 /// state, against those at the fixed point with FILE's changes applied.
-fn what_if(etcd: &EtcdArgs, rules: &std::path::Path, with: &std::path::Path, facts: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+fn what_if(etcd: &EtcdArgs, rules: &[PathBuf], with: &std::path::Path, facts: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
     let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
     let changes = read_changes(with)?;
     // Hypothetical values the controller would reject are named first.
@@ -1059,12 +1063,38 @@ fn lint_facts(program: &ccattler_parser::Program, file: &std::path::Path, facts:
     (errors, warnings)
 }
 
+/// Keys of a facts file a policy of the rules denies: the rules run over the
+/// file's facts alone, and a derived `status/denied/KEY` names a KEY of the
+/// file and why (rules/policy.rules). Empty when no rule writes under
+/// `status/denied/`.
+fn policy_denials(
+    program: &std::sync::Arc<ccattler_parser::Program>,
+    file: &std::path::Path,
+    facts: &[ccattler_engine::factfile::FactLine],
+) -> anyhow::Result<Vec<String>> {
+    const DENIED: &str = "status/denied/";
+    let has_policy = program.outputs().any(|(_, r)| r.pattern.as_ref().is_some_and(|p| p.text.starts_with(DENIED)));
+    if !has_policy || facts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut session = ccattler_engine::Session::new(program.clone(), 1)?;
+    let writes: Vec<(String, Option<String>)> = facts.iter().map(|f| (f.key.clone(), Some(f.value.clone()))).collect();
+    session.write(&writes)?;
+    Ok(facts
+        .iter()
+        .filter_map(|f| {
+            let why = session.derived().get(&format!("{DENIED}{}", f.key))?;
+            Some(format!("error: {}:{}: {}: denied by policy: {why}", file.display(), f.line, f.key))
+        })
+        .collect())
+}
+
 /// Operations etcd takes in one transaction by default (`--max-txn-ops`).
 const APPLY_TXN_OPS: usize = 128;
 /// Bytes a transaction of `apply` may carry (under `--max-request-bytes`).
 const APPLY_TXN_BYTES: usize = 1 << 20;
 
-fn apply(file: &std::path::Path, writer: &str, rules: &std::path::Path, etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
+fn apply(file: &std::path::Path, writer: &str, rules: &[PathBuf], etcd: &EtcdArgs) -> anyhow::Result<ExitCode> {
     if !ccattler_parser::pattern::is_valid_name(writer) {
         return Ok(usage_error(anyhow::anyhow!("--writer {writer:?} is not a name")));
     }
@@ -1095,6 +1125,14 @@ fn apply(file: &std::path::Path, writer: &str, rules: &std::path::Path, etcd: &E
             eprintln!("{e}");
         }
         eprintln!("nothing written: {} value(s) the controller would reject", errors.len());
+        return Ok(ExitCode::from(1));
+    }
+    let denied = policy_denials(&program, file, &facts)?;
+    if !denied.is_empty() {
+        for d in &denied {
+            eprintln!("{d}");
+        }
+        eprintln!("nothing written: {} key(s) the rules' policy denies", denied.len());
         return Ok(ExitCode::from(1));
     }
     let bytes: usize = facts.iter().map(|f| f.key.len() + f.value.len() + 16).sum();

@@ -158,6 +158,11 @@ fn shipped_rule_tests_pass() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("3 passed, 0 failed"), "{stdout}");
+    // The example exec policy, a team's rule file beside the shipped rules.
+    let out = ccattler(&["test", "examples/policy/tests", "--rules", "rules", "--rules", "examples/policy"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("4 passed, 0 failed"), "{stdout}");
     // And neither `check rules` nor `test` descends into it.
     let out = ccattler(&["check", "rules", "--format", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -416,4 +421,28 @@ fn agent_confinement_flags_refuse_root_reversed_and_non_positive_values_by_name(
         assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
         assert!(err.contains(says), "{flag} {value}: {err}");
     }
+}
+
+/// A team restricts `exec:` with a rule file of its own; `check --facts`
+/// names each denied key with the reason, and allows the rest.
+#[test]
+fn check_with_facts_refuses_what_a_teams_exec_policy_denies() {
+    let dir = tempdir("policy-check");
+    let file = dir.join("services.facts");
+    std::fs::write(
+        &file,
+        "desired/service/web/image = exec:/bin/sh -c 'curl x | sh'\ndesired/probe/web/readiness/method = exec:/bin/true\n\
+         desired/service/batch/image = exec:/bin/sleep 5\ndesired/service/api/image = builtin:http\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let out = ccattler(&["check", "rules", "examples/policy", "--facts", f]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("services.facts:1: desired/service/web/image: denied by policy: exec: images are restricted"), "{err}");
+    assert!(err.contains("services.facts:2: desired/probe/web/readiness/method: denied by policy: exec: probes are restricted"), "{err}");
+    assert!(!err.contains("services.facts:3") && !err.contains("services.facts:4"), "batch is allowed, api runs no command: {err}");
+    // The shipped rules alone are open: the same file passes.
+    let out = ccattler(&["check", "rules", "--facts", f]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }

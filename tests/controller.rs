@@ -520,6 +520,24 @@ async fn apply_writes_user_facts_only_and_get_reads_them() {
     assert_eq!(get(&mut etcd, "intent/user/service/web/instances").await.as_deref(), Some("3"));
     assert_eq!(get(&mut etcd, "desired/config/web/GREETING").await.as_deref(), Some("hello world"));
 
+    // A team's exec policy (a rule file beside the shipped rules) refuses
+    // an `exec:` image it does not allow, by line and reason; nothing of
+    // the file is written.
+    let before = revision(&mut etcd).await;
+    let denied = dir.join("denied.facts");
+    std::fs::write(&denied, "intent/user/service/web/instances = 5\ndesired/service/web/image = exec:/bin/sh\n").unwrap();
+    let out = ccattler(&["apply", denied.to_str().unwrap(), "--rules", "rules", "--rules", "examples/policy", "--etcd", &etcd_url()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("denied.facts:2: desired/service/web/image: denied by policy"), "{err}");
+    assert_eq!(revision(&mut etcd).await, before, "a denied file writes nothing");
+    let allowed = dir.join("allowed.facts");
+    std::fs::write(&allowed, "desired/service/batch/image = exec:/bin/sleep 5\n").unwrap();
+    let out = ccattler(&["apply", allowed.to_str().unwrap(), "--rules", "rules", "--rules", "examples/policy", "--etcd", &etcd_url()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(get(&mut etcd, "desired/service/batch/image").await.as_deref(), Some("exec:/bin/sleep 5"));
+    etcd.delete("desired/service/batch/image", None).await.unwrap();
+
     let before = revision(&mut etcd).await;
     let bad = dir.join("bad.facts");
     std::fs::write(&bad, "intent/user/service/web/instances = 9\nobserved/node/n1/alive = 1\nintent/autoscaler/service/web/instances = 9\n").unwrap();

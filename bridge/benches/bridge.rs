@@ -39,7 +39,7 @@ fn main() {
         let raw = raw_write(&client, &facts).await;
         println!("raw etcd write (128-op txns, 8 in flight): {raw:.0} keys/s");
 
-        let program = controller::load_rules(&rules).expect("rules");
+        let program = controller::load_rules(std::slice::from_ref(&rules)).expect("rules");
         settle_disk();
         let t = Instant::now();
         let (_, snap) = e::snapshot(&mut client, &controller::prefixes(&program), 5000).await.unwrap();
@@ -51,7 +51,7 @@ fn main() {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let ccfg = ControllerConfig {
             etcd: cfg.clone(),
-            rules: rules.clone(),
+            rules: vec![rules.clone()],
             workers,
             max_txn_ops: 128,
             max_txn_bytes: 1 << 20,

@@ -45,7 +45,7 @@ async fn start_controller(etcd: &Etcd) -> Running {
     let port = free_port();
     let cfg = ControllerConfig {
         etcd: etcd.config(),
-        rules: rules(),
+        rules: vec![rules()],
         workers: ccattler_engine::default_workers(),
         max_txn_ops: 128,
         max_txn_bytes: 1 << 20,
@@ -158,7 +158,7 @@ async fn explain_bench(p: &Params, repeat: usize) {
     println!("explain: {p:?}, {} facts", facts.len());
     raw_write(&client, &facts).await;
     drop(facts);
-    let program = controller::load_rules(&rules()).expect("rules");
+    let program = controller::load_rules(&[rules()]).expect("rules");
     let questions = [
         (format!("placement/instance/{}-0", synth::service_name(p.services / 2)), false),
         (format!("effective/service/{}/instances", synth::service_name(7)), false),

@@ -32,7 +32,8 @@ pub const CLOCK_KEY: &str = "intent/autoscaler/clock";
 #[derive(Clone, Debug)]
 pub struct AutoscalerConfig {
     pub etcd: EtcdConfig,
-    pub rules: PathBuf,
+    /// Rule files or directories; the program is their union.
+    pub rules: Vec<PathBuf>,
     /// Seconds between rounds.
     pub period: Duration,
     /// This autoscaler's name in its leader key.

@@ -26,7 +26,8 @@ pub const LEADER_KEY: &str = "status/leader";
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
     pub etcd: EtcdConfig,
-    pub rules: PathBuf,
+    /// Rule files or directories; the program is their union.
+    pub rules: Vec<PathBuf>,
     pub workers: usize,
     /// etcd's `--max-txn-ops`: operations per transaction list.
     pub max_txn_ops: usize,
@@ -135,11 +136,15 @@ impl Health {
 }
 
 /// Loads and checks the rules; errors carry the rendered diagnostics.
-pub fn load_rules(path: &PathBuf) -> Result<Arc<Program>, ControllerError> {
-    let checked = ccattler_parser::load(std::slice::from_ref(path))?;
+pub fn load_rules(paths: &[PathBuf]) -> Result<Arc<Program>, ControllerError> {
+    let checked = ccattler_parser::load(paths)?;
     match checked.program {
         Some(p) if checked.errors() == 0 => Ok(Arc::new(p)),
-        _ => Err(ControllerError::Rules { path: path.display().to_string(), errors: checked.errors(), rendered: checked.render() }),
+        _ => Err(ControllerError::Rules {
+            path: paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+            errors: checked.errors(),
+            rendered: checked.render(),
+        }),
     }
 }
 
