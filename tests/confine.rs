@@ -155,3 +155,25 @@ async fn a_memory_hog_is_killed_at_its_limit_and_the_reason_says_out_of_memory()
     .await;
     assert!(agent.terminate().success());
 }
+
+/// Usage once summed the instance's process group from /proc: a workload
+/// that left its group with `setsid` burnt cpu unseen. The cgroup's own
+/// counters count every process in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_comes_from_the_cgroup_and_counts_a_process_that_left_the_group() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("usage");
+    let mut agent = Agent::start(&root, 1, 4000, 8192, &[]);
+    if std::fs::read_to_string(&agent.log).unwrap_or_default().contains("WITHOUT cgroups") {
+        panic!("no writable cgroup hierarchy on this host; the agent's log says why:\n{}", std::fs::read_to_string(&agent.log).unwrap_or_default());
+    }
+    // The burner leaves the process group at once; the instance's own process only sleeps.
+    place(&mut etcd, "burn-0", "burn", "exec:setsid sh -c 'while :; do :; done' & exec sleep 1000", &[]).await;
+    wait_for("burn-0 reports the cpu its escaped child burns", Duration::from_secs(40), || {
+        let mut e = etcd.clone();
+        async move { state(&mut e, "burn-0", "usage/cpu").await.and_then(|v| v.parse::<i64>().ok()).is_some_and(|m| m >= 300) }
+    })
+    .await;
+    assert!(agent.terminate().success());
+}

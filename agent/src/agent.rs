@@ -126,9 +126,9 @@ struct Instance {
     /// The template version its process runs (once it runs what the spec asks).
     version: Option<i64>,
     /// CPU (millicores) and memory (MiB) it used over the last sample
-    /// period, and the CPU clock ticks at the last sample.
+    /// period, and its cpu time (ns) at the last sample.
     usage: Option<(i64, i64)>,
-    cpu_ticks: Option<(u64, Instant)>,
+    cpu_ns: Option<(u64, Instant)>,
     /// The cgroup its current process runs in: one per start, so a restart
     /// of the same instance never shares one with its predecessor's cleanup.
     cgroup: Option<crate::confine::InstanceCgroup>,
@@ -371,7 +371,7 @@ impl Agent {
                         probes: BTreeMap::new(),
                         version: None,
                         usage: None,
-                        cpu_ticks: None,
+                        cpu_ns: None,
                         cgroup: (!rec.cgroup.is_empty()).then(|| crate::confine::InstanceCgroup::from_dirs(rec.cgroup.clone())),
                     },
                 );
@@ -589,26 +589,36 @@ impl Agent {
         }
     }
 
-    /// Samples what each running instance used since the last sample (its
-    /// whole process group, from /proc).
+    /// Samples what each running instance used since the last sample: from
+    /// its cgroup's counters (cpu time and memory working set, everything it
+    /// started included), or without a cgroup from /proc, summed over its
+    /// process group.
     fn sample_usage(&mut self) {
-        let groups = runtime::usage_by_group();
-        let ticks_per_s = runtime::clock_ticks() as i64;
+        let mut groups = None;
+        let ticks_per_s = runtime::clock_ticks();
         let now = Instant::now();
         for inst in self.instances.values_mut() {
             let Some(proc) = &inst.proc else {
                 inst.usage = None;
-                inst.cpu_ticks = None;
+                inst.cpu_ns = None;
                 continue;
             };
-            let Some(&(ticks, rss)) = groups.get(&proc.pid) else { continue };
-            if let Some((before, at)) = inst.cpu_ticks.filter(|(b, _)| *b <= ticks) {
-                let period_ms = (now - at).as_millis().max(1) as i64;
-                let millicores = (ticks - before) as i64 * 1000 * 1000 / ticks_per_s / period_ms;
-                let mib = rss as i64 / (1024 * 1024);
+            let counted = inst.cgroup.as_ref().map(|c| c.usage()).filter(|(cpu, mem)| cpu.is_some() && mem.is_some());
+            let (cpu_ns, bytes) = match counted {
+                Some((Some(cpu), Some(mem))) => (cpu, mem),
+                _ => {
+                    let groups = groups.get_or_insert_with(runtime::usage_by_group);
+                    let Some(&(ticks, rss)) = groups.get(&proc.pid) else { continue };
+                    (ticks.saturating_mul(1_000_000_000) / ticks_per_s, rss)
+                }
+            };
+            if let Some((before, at)) = inst.cpu_ns.filter(|(b, _)| *b <= cpu_ns) {
+                let period_ns = (now - at).as_nanos().max(1);
+                let millicores = ((cpu_ns - before) as u128 * 1000 / period_ns) as i64;
+                let mib = (bytes / (1024 * 1024)) as i64;
                 inst.usage = Some(((millicores + 5) / 10 * 10, (mib + 2) / 4 * 4));
             }
-            inst.cpu_ticks = Some((ticks, now));
+            inst.cpu_ns = Some((cpu_ns, now));
         }
     }
 
@@ -645,7 +655,7 @@ impl Agent {
                 probes: BTreeMap::new(),
                 version: None,
                 usage: None,
-                cpu_ticks: None,
+                cpu_ns: None,
                 cgroup: None,
             });
             inst.service = spec.service.clone();

@@ -10,6 +10,8 @@
 //! | cpu (millicores) | `cpu.weight` (Kubernetes' shares→weight) | `cpu/…/cpu.shares` (1024 a core) |
 //! | pids | `pids.max` | `pids/…/pids.max` |
 //! | OOM kills | `memory.events` `oom_kill` | `memory.oom_control` `oom_kill` |
+//! | cpu used | `cpu.stat` `usage_usec` | `cpuacct/…/cpuacct.usage` (ns) |
+//! | memory used (working set) | `memory.current` − `inactive_file` | `memory.usage_in_bytes` − `total_inactive_file` |
 //!
 //! cpu is a weight, not a quota: an instance may use idle cpu, and under
 //! contention gets its share (a Kubernetes request, not a limit). A request of
@@ -24,8 +26,9 @@ use std::path::{Path, PathBuf};
 pub enum Cgroups {
     /// The unified hierarchy: one directory holds every controller.
     V2 { parent: PathBuf },
-    /// One directory per controller (those mounted and writable).
-    V1 { memory: Option<PathBuf>, cpu: Option<PathBuf>, pids: Option<PathBuf> },
+    /// One directory per controller (those mounted and writable); cpuacct
+    /// (cpu used) where it is a hierarchy of its own.
+    V1 { memory: Option<PathBuf>, cpu: Option<PathBuf>, pids: Option<PathBuf>, cpuacct: Option<PathBuf> },
     /// None writable: instances run without a cgroup (the reason says why).
     Unavailable(String),
 }
@@ -44,6 +47,8 @@ pub struct InstanceCgroup {
     pub v2: bool,
     pub dirs: Vec<PathBuf>,
     memory: Option<PathBuf>,
+    /// Where the cpu used is counted (`cpu.stat` in v2, `cpuacct.usage` in v1).
+    cpu_usage: Option<PathBuf>,
 }
 
 const ROOT: &str = "/sys/fs/cgroup";
@@ -86,14 +91,18 @@ impl Cgroups {
         if memory.is_none() && cpu.is_none() && pids.is_none() {
             return Cgroups::Unavailable(format!("no cgroup hierarchy is writable ({})", problems.join("; ")));
         }
-        Cgroups::V1 { memory, cpu, pids }
+        // cpuacct counts the cpu used; where it is mounted with cpu
+        // (`cpu,cpuacct`) the cpu directory has it already.
+        let comounted = cpu.as_ref().is_some_and(|c| c.parent().and_then(Path::parent).is_some_and(|m| m.join("cpuacct.usage").exists()));
+        let cpuacct = if comounted { None } else { usable("cpuacct") };
+        Cgroups::V1 { memory, cpu, pids, cpuacct }
     }
 
     /// Which controllers are missing, for a warning (empty when all are there).
     pub fn missing(&self) -> Vec<&'static str> {
         match self {
             Cgroups::V2 { .. } => vec![],
-            Cgroups::V1 { memory, cpu, pids } => {
+            Cgroups::V1 { memory, cpu, pids, .. } => {
                 [("memory", memory), ("cpu", cpu), ("pids", pids)].into_iter().filter(|(_, d)| d.is_none()).map(|(n, _)| n).collect()
             }
             Cgroups::Unavailable(_) => vec!["memory", "cpu", "pids"],
@@ -105,13 +114,15 @@ impl Cgroups {
         match self {
             Cgroups::V2 { parent } => {
                 let dir = parent.join(instance);
-                Some(InstanceCgroup { v2: true, dirs: vec![dir.clone()], memory: Some(dir) })
+                Some(InstanceCgroup { v2: true, dirs: vec![dir.clone()], memory: Some(dir.clone()), cpu_usage: Some(dir) })
             }
-            Cgroups::V1 { memory, cpu, pids } => {
+            Cgroups::V1 { memory, cpu, pids, cpuacct } => {
                 let memory = memory.as_ref().map(|p| p.join(instance));
-                let dirs =
-                    [&memory, &cpu.as_ref().map(|p| p.join(instance)), &pids.as_ref().map(|p| p.join(instance))].into_iter().flatten().cloned().collect();
-                Some(InstanceCgroup { v2: false, dirs, memory })
+                let cpu = cpu.as_ref().map(|p| p.join(instance));
+                let cpuacct = cpuacct.as_ref().map(|p| p.join(instance));
+                let cpu_usage = cpuacct.clone().or_else(|| cpu.clone());
+                let dirs = [&memory, &cpu, &pids.as_ref().map(|p| p.join(instance)), &cpuacct].into_iter().flatten().cloned().collect();
+                Some(InstanceCgroup { v2: false, dirs, memory, cpu_usage })
             }
             Cgroups::Unavailable(_) => None,
         }
@@ -136,7 +147,8 @@ impl InstanceCgroup {
     pub fn from_dirs(dirs: Vec<PathBuf>) -> InstanceCgroup {
         let v2 = dirs.len() == 1 && dirs[0].join("cgroup.controllers").exists();
         let memory = dirs.iter().find(|d| v2 || d.join("memory.oom_control").exists()).cloned();
-        InstanceCgroup { v2, dirs, memory }
+        let cpu_usage = dirs.iter().find(|d| v2 || d.join("cpuacct.usage").exists()).cloned();
+        InstanceCgroup { v2, dirs, memory, cpu_usage }
     }
 
     /// Creates the directories and writes the limits.
@@ -217,6 +229,30 @@ impl InstanceCgroup {
             .ok()
             .and_then(|s| s.lines().find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok())))
             .unwrap_or(0)
+    }
+
+    /// What the instance's processes used, from the kernel's own counters:
+    /// cpu time in nanoseconds since the cgroup was made, and the memory
+    /// working set in bytes (usage without inactive page cache, as kubelet
+    /// and metrics-server count it). `None` where a counter is missing.
+    pub fn usage(&self) -> (Option<u64>, Option<u64>) {
+        let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
+        let field = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<u64>().ok());
+        let cpu = self.cpu_usage.as_deref().and_then(|d| {
+            if self.v2 {
+                read(d, "cpu.stat").and_then(|t| field(&t, "usage_usec")).map(|us| us.saturating_mul(1000))
+            } else {
+                read(d, "cpuacct.usage").and_then(|t| t.trim().parse().ok())
+            }
+        });
+        let memory = self.memory.as_deref().and_then(|d| {
+            let (used, stat, inactive) =
+                if self.v2 { ("memory.current", "memory.stat", "inactive_file") } else { ("memory.usage_in_bytes", "memory.stat", "total_inactive_file") };
+            let used: u64 = read(d, used)?.trim().parse().ok()?;
+            let inactive = read(d, stat).and_then(|t| field(&t, inactive)).unwrap_or(0);
+            Some(used.saturating_sub(inactive))
+        });
+        (cpu, memory)
     }
 
     /// Removes the directories (only empty cgroups can be removed).
@@ -368,6 +404,42 @@ mod tests {
         assert_eq!(read("memory", "memory.limit_in_bytes"), "-1");
         assert_eq!(read("pids", "pids.max"), "max");
         assert_eq!(read("cpu", "cpu.shares"), "262144", "the kernel's most");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn usage_is_read_from_the_kernels_counters_in_v1_and_v2_without_inactive_page_cache() {
+        // v1 with cpuacct a hierarchy of its own (as on this host).
+        let dir = std::env::temp_dir().join(format!("ccattler-cgroup-usage-v1-{}", std::process::id()));
+        for c in ["memory", "cpu", "pids", "cpuacct"] {
+            std::fs::create_dir_all(dir.join(c).join("ccattler/node-1/web-0")).unwrap();
+            std::fs::write(dir.join(c).join("cgroup.procs"), "").unwrap();
+        }
+        let at = |c: &str, f: &str, v: &str| std::fs::write(dir.join(c).join("ccattler/node-1/web-0").join(f), v).unwrap();
+        at("cpuacct", "cpuacct.usage", "2500000000\n");
+        at("memory", "memory.usage_in_bytes", "104857600\n");
+        at("memory", "memory.oom_control", "oom_kill 0\n");
+        at("memory", "memory.stat", "inactive_file 1\ntotal_inactive_file 41943040\n");
+        let cg = Cgroups::detect_at(&dir, "node-1").instance("web-0").unwrap();
+        assert_eq!(cg.dirs.len(), 4, "memory, cpu, pids and cpuacct: {:?}", cg.dirs);
+        assert_eq!(cg.usage(), (Some(2_500_000_000), Some(62_914_560)));
+        // The supervisor names the cgroup by its directories: the same counters.
+        assert_eq!(InstanceCgroup::from_dirs(cg.dirs.clone()).usage(), cg.usage());
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        // v2: one directory.
+        let dir = std::env::temp_dir().join(format!("ccattler-cgroup-usage-v2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.controllers"), "cpu memory pids").unwrap();
+        let cg = Cgroups::detect_at(&dir, "node-1").instance("web-0").unwrap();
+        std::fs::create_dir_all(&cg.dirs[0]).unwrap();
+        std::fs::write(cg.dirs[0].join("cpu.stat"), "usage_usec 1500000\nuser_usec 1000000\n").unwrap();
+        std::fs::write(cg.dirs[0].join("memory.current"), "20971520\n").unwrap();
+        std::fs::write(cg.dirs[0].join("memory.stat"), "anon 1\ninactive_file 4194304\n").unwrap();
+        assert_eq!(cg.usage(), (Some(1_500_000_000), Some(16_777_216)));
+        // A counter that is missing is unknown, not zero.
+        std::fs::remove_file(cg.dirs[0].join("memory.current")).unwrap();
+        assert_eq!(cg.usage(), (Some(1_500_000_000), None));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
