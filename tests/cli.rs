@@ -446,3 +446,43 @@ fn check_with_facts_refuses_what_a_teams_exec_policy_denies() {
     let out = ccattler(&["check", "rules", "--facts", f]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// The why-not once said only "reserved, not admitted": it names the taint
+/// (key, value, effect) that the service's toleration does not match.
+#[test]
+fn why_not_names_the_taint_a_toleration_does_not_match() {
+    let dir = tempdir("whynot-taint");
+    let file = dir.join("cluster.facts");
+    let mut facts = std::fs::read_to_string("rules/tests/fixtures/two-nodes.facts").unwrap();
+    facts.push_str(
+        "desired/node/node-1/taint/foo = bar:NoSchedule\ndesired/node/node-2/taint/foo = bar:NoExecute\n\
+         desired/service/web/toleration/foo = bar:PreferNoSchedule\ndesired/service/web/cpu = 100\nintent/user/service/web/instances = 1\n",
+    );
+    std::fs::write(&file, facts).unwrap();
+    let out = ccattler(&["explain", "placement/instance/web-0", "--why-not", "--facts", file.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("0/2 nodes can take web-0"), "{stdout}");
+    assert!(stdout.contains("reserved (taint foo=bar:NoSchedule), not admitted") && stdout.contains("node-1"), "{stdout}");
+    assert!(stdout.contains("reserved (taint foo=bar:NoExecute), not admitted") && stdout.contains("node-2"), "{stdout}");
+}
+
+/// `explain status/preempted/V --why-not` once said nothing; a strict
+/// budget that holds a victim back is named, with what it spares.
+#[test]
+fn why_not_of_a_preemption_names_the_budget_that_holds_it_back() {
+    let dir = tempdir("whynot-budget");
+    let file = dir.join("cluster.facts");
+    std::fs::write(
+        &file,
+        "observed/node/node-1/cpu = 1000\nobserved/node/node-1/memory = 1000\nobserved/node/node-1/alive = 1\nobserved/node/node-1/heartbeat = 1\n\
+         desired/service/low/cpu = 400\ndesired/service/low/min_available = 2\ndesired/service/low/strict_budget = true\n\
+         intent/user/service/low/instances = 2\nplacement/instance/low-0 = node-1\nplacement/instance/low-1 = node-1\n\
+         desired/service/high/cpu = 600\ndesired/service/high/priority = 10\nintent/user/service/high/instances = 1\n",
+    )
+    .unwrap();
+    let out = ccattler(&["explain", "status/preempted/low-0", "--why-not", "--facts", file.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("the strict disruption budget of low spares none (0 to spare): it is never broken"), "{stdout}");
+}

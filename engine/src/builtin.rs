@@ -93,15 +93,23 @@ fn int(v: &Value) -> i64 {
 /// One service's pass: which nodes it may use and how it ranks them.
 struct Policy {
     packed: bool,
+    /// Points this service adds to some nodes' scores (lower first).
+    preference: HashMap<Value, i64>,
 }
 
+/// How a service ranks a node: (points, spread, score, name).
+type Key = (i64, i64, i64, ByText);
+
 impl Policy {
-    /// The key nodes are ranked by (smaller first).
-    fn key(&self, spread: i64, score: i64, node: Value) -> (i64, i64, ByText) {
+    /// The key nodes are ranked by (smaller first): the service's points
+    /// for the node first (a node it is told to avoid is used only after
+    /// every other usable one), then spread and score.
+    fn key(&self, spread: i64, score: i64, node: Value) -> Key {
+        let points = self.preference.get(&node).copied().unwrap_or(0);
         if self.packed {
-            (0, -score, ByText(node))
+            (points, 0, -score, ByText(node))
         } else {
-            (spread, score, ByText(node))
+            (points, spread, score, ByText(node))
         }
     }
 }
@@ -245,6 +253,12 @@ impl Inputs {
             }
         }
         let packed: HashSet<Value> = self.arg(arg::PACKED).iter().map(|r| r[0].clone()).collect();
+        // A pair listed twice adds up.
+        let mut preference: HashMap<Value, HashMap<Value, i64>> = HashMap::new();
+        for r in self.arg(arg::PREFERENCE) {
+            let e = preference.entry(r[0].clone()).or_default().entry(r[1].clone()).or_default();
+            *e = e.saturating_add(int(&r[2]));
+        }
         let mut order: Vec<&Row> = self.arg(arg::PENDING).iter().collect();
         order.sort_by(|a, b| int(&b[2]).cmp(&int(&a[2])).then_with(|| a[1].cmp_text(&b[1])).then_with(|| a[0].cmp_text(&b[0])));
         let no_spread = HashMap::new();
@@ -254,7 +268,7 @@ impl Inputs {
             let service = group[0][1].clone();
             let need = needs.get(&service).unwrap_or(&no_need);
             let counts = spread.get(&service).unwrap_or(&no_spread);
-            let policy = Policy { packed: packed.contains(&service) };
+            let policy = Policy { packed: packed.contains(&service), preference: preference.remove(&service).unwrap_or_default() };
             let is_restricted = restricted.contains(&service);
             let usable = |n: &Value, round: &Round| {
                 round.rooms.contains_key(n)
@@ -280,11 +294,14 @@ impl Inputs {
                 continue;
             }
             // The service's own nodes, keyed like the ranking: those it is
-            // restricted to, those it already has instances on, and reserved
-            // nodes it is admitted to.
+            // restricted to, those it already has instances on, reserved
+            // nodes it is admitted to, and nodes it has points for.
             let mut own_nodes: Vec<Value> = if is_restricted { allowed.get(&service).unwrap_or(&no_nodes).clone() } else { counts.keys().cloned().collect() };
             own_nodes.extend(admitted.get(&service).unwrap_or(&no_nodes).iter().cloned());
-            let mut own: BTreeSet<(i64, i64, ByText)> = BTreeSet::new();
+            if !is_restricted {
+                own_nodes.extend(policy.preference.keys().cloned());
+            }
+            let mut own: BTreeSet<Key> = BTreeSet::new();
             let mut own_spread: HashMap<Value, i64> = HashMap::new();
             for n in own_nodes {
                 if usable(&n, &round) && !own_spread.contains_key(&n) {
@@ -301,7 +318,7 @@ impl Inputs {
             for instance in instances {
                 let best_own = loop {
                     let Some(first) = own.first() else { break None };
-                    if round.rooms[&first.2 .0].fits(need) {
+                    if round.rooms[&first.3 .0].fits(need) {
                         break Some(first.clone());
                     }
                     let first = first.clone();
@@ -328,7 +345,7 @@ impl Inputs {
                     // service's own), so once none is left none comes back.
                     others_left = found.is_some();
                     resume.clone_from(&found);
-                    found.map(|(score, n)| (0, score, n))
+                    found.map(|(score, n)| (0, 0, score, n))
                 };
                 let chosen = match (best_own, best_other) {
                     (Some(a), Some(b)) => a.min(b),
@@ -338,7 +355,7 @@ impl Inputs {
                     },
                 };
                 own.remove(&chosen);
-                let node = chosen.2 .0;
+                let node = chosen.3 .0;
                 let charged = round.charge(&node, need);
                 let k = own_spread.get(&node).copied().unwrap_or(0) + 1;
                 own.insert(policy.key(k, charged, node.clone()));
@@ -365,7 +382,6 @@ fn assign_hard_spread(
     max_skew: i64,
     out: &mut Vec<(Value, Value)>,
 ) {
-    type Key = (i64, i64, ByText);
     let mut count: HashMap<Value, i64> = nodes.values().map(|d| (d.clone(), 0)).collect();
     for (n, k) in spread {
         if let Some(d) = nodes.get(&ByText(n.clone())) {
@@ -390,7 +406,7 @@ fn assign_hard_spread(
             if c + 1 - min > max_skew {
                 break None; // the least-filled domain with a node would exceed the skew
             }
-            if round.rooms[&best.2 .0].fits(need) {
+            if round.rooms[&best.3 .0].fits(need) {
                 break Some((*c, best.clone(), d.clone()));
             }
             // It cannot fit this service: out of its domain for the round.
@@ -403,7 +419,7 @@ fn assign_hard_spread(
         };
         let Some((c, best, d)) = chosen else { break };
         ranked.remove(&(c, best.clone(), d.clone()));
-        let node = best.2 .0.clone();
+        let node = best.3 .0.clone();
         let charged = round.charge(&node, need);
         let k = node_spread[&node] + 1;
         node_spread.insert(node.clone(), k);
@@ -433,19 +449,39 @@ pub fn preempt_rows(input: &[(&Row, isize)]) -> Vec<Row> {
     if !input.iter().any(|(row, m)| *m > 0 && row.first() == Some(&Value::Int(parg::PREEMPTOR as i64))) {
         return Vec::new();
     }
-    Inputs::from_tagged(PREEMPT, input).preempt().into_iter().map(|(v, p)| vec![v, p]).collect()
+    Inputs::from_tagged(PREEMPT, input).preempt().into_iter().map(|(v, p, b)| vec![v, p, b]).collect()
 }
+
+/// A victim as `preempt` weighs it.
+#[derive(Clone)]
+struct Victim {
+    priority: i64,
+    name: ByText,
+    service: Value,
+    need: Vec<i64>,
+}
+
+/// Combinations of size `k` of `n` items looked at, at most, per node and
+/// size when `preempt` looks for fewer victims than its reprieve left.
+const PREEMPT_SEARCH: u64 = 5_000;
 
 impl Inputs {
     /// `preempt`: each preemptor (priority, highest first; service;
     /// instance) that fits on no node it may use as things are gets the node
     /// where evicting victims of lower priority makes room with the fewest
-    /// victims, then the lowest top victim priority, then the node's name;
-    /// victims go lowest priority first (then by name), never more of a
-    /// service than its budget spares. The node is charged for the
-    /// preemptor and the victims are taken. Returns (victim, preemptor)
-    /// pairs sorted by victim. Cost: O(preemptors × victims · resources).
-    pub fn preempt(&self) -> Vec<(Value, Value)> {
+    /// disruption budgets broken, then the fewest victims, then the lowest
+    /// top victim priority, the lowest sum of their priorities, and the
+    /// node's name. On a node, every victim not needed is reprieved: all
+    /// lower-priority instances are taken out, then put back, those that
+    /// would break a budget first, highest priority first (smaller first
+    /// within one), while the preemptor still fits (Kubernetes' reprieve);
+    /// then a set of fewer victims is looked for (exhaustively while that is
+    /// cheap). A budget (`spare`) is kept where any choice keeps it and
+    /// broken only as a last resort, never for a `strict` service. The node
+    /// is charged and the victims are taken. Returns (victim, preemptor,
+    /// the budget broken or "") sorted by victim. Cost: O(preemptors ×
+    /// victims · resources), plus the bounded search.
+    pub fn preempt(&self) -> Vec<(Value, Value, Value)> {
         let a = |x: usize| self.arg(x);
         // Resources by index, needs, rooms (as assign reads them).
         let names: BTreeSet<ByText> = a(parg::NEED).iter().map(|r| ByText(r[1].clone())).chain(a(parg::ROOM).iter().map(|r| ByText(r[1].clone()))).collect();
@@ -464,90 +500,189 @@ impl Inputs {
             let i = index[&ByText(r[1].clone())];
             f[i] = if seen.insert((r[0].clone(), i)) { int(&r[2]) } else { f[i].min(int(&r[2])) };
         }
-        let has1 = |x: usize, v: &Value| a(x).iter().any(|r| r.len() == 1 && r[0] == *v);
+        let has1 = |x: usize, v: &Value| a(x).iter().any(|r| r.first() == Some(v));
         let has2 = |x: usize, s: &Value, n: &Value| a(x).iter().any(|r| r.len() == 2 && r[0] == *s && r[1] == *n);
         let usable =
             |s: &Value, n: &Value| (!has1(parg::RESTRICTED, s) || has2(parg::ALLOWED, s, n)) && (!has1(parg::RESERVED, n) || has2(parg::ADMITTED, s, n));
-        let mut spare: HashMap<Value, i64> = a(parg::BUDGET).iter().map(|r| (r[0].clone(), int(&r[1]))).collect();
-        // Victims per node, lowest priority first, then by name; with what they hold.
-        let mut victims: BTreeMap<ByText, Vec<(i64, ByText, Value)>> = BTreeMap::new();
+        let mut spare: HashMap<Value, i64> = HashMap::new();
+        for r in a(parg::BUDGET) {
+            let e = spare.entry(r[0].clone()).or_insert(int(&r[1]));
+            *e = (*e).min(int(&r[1]));
+        }
+        let strict: HashSet<Value> = a(parg::STRICT).iter().map(|r| r[0].clone()).collect();
+        // Victims per node, by (priority, name); with what they hold.
+        let mut victims: BTreeMap<ByText, Vec<Victim>> = BTreeMap::new();
         for r in a(parg::VICTIM) {
-            victims.entry(ByText(r[1].clone())).or_default().push((int(&r[3]), ByText(r[0].clone()), r[2].clone()));
+            let need = needs.get(&r[2]).cloned().unwrap_or_else(|| zero.clone());
+            victims.entry(ByText(r[1].clone())).or_default().push(Victim { priority: int(&r[3]), name: ByText(r[0].clone()), service: r[2].clone(), need });
         }
         for v in victims.values_mut() {
-            v.sort();
-            v.dedup();
+            v.sort_by(|x, y| (x.priority, &x.name).cmp(&(y.priority, &y.name)));
+            v.dedup_by(|x, y| x.name == y.name);
         }
         let mut taken: HashSet<Value> = HashSet::new();
         let mut order: Vec<&Row> = a(parg::PREEMPTOR).iter().collect();
         order.sort_by(|x, y| int(&y[2]).cmp(&int(&x[2])).then_with(|| x[1].cmp_text(&y[1])).then_with(|| x[0].cmp_text(&y[0])));
         let fits = |left: &[i64], need: &[i64]| left.iter().zip(need).all(|(l, n)| l >= n);
+        let add = |left: &mut [i64], more: &[i64], sign: i64| left.iter_mut().zip(more).for_each(|(l, m)| *l += sign * m);
         let mut out = Vec::new();
         for p in order {
             let (instance, service, priority) = (p[0].clone(), p[1].clone(), int(&p[2]));
             let need = needs.get(&service).unwrap_or(&zero);
             if let Some(left) = free.iter_mut().find(|(n, left)| usable(&service, &n.0) && fits(left, need)).map(|(_, l)| l) {
                 // Room without evicting anyone: the next round places it there.
-                for (l, n) in left.iter_mut().zip(need) {
-                    *l -= n;
-                }
+                add(left, need, -1);
                 continue;
             }
-            // The best node: fewest victims, then lowest top priority, then name.
-            let mut best: Option<((usize, i64, ByText), Vec<(Value, Value)>)> = None;
+            // The budgets a set of victims breaks (a strict one: never).
+            let broken = |set: &[&Victim]| -> Option<i64> {
+                let mut per: HashMap<&Value, i64> = HashMap::new();
+                for v in set {
+                    *per.entry(&v.service).or_default() += 1;
+                }
+                let mut over = 0;
+                for (s, k) in per {
+                    let Some(sp) = spare.get(s) else { continue };
+                    if k > (*sp).max(0) {
+                        if strict.contains(s) {
+                            return None;
+                        }
+                        over += k - (*sp).max(0);
+                    }
+                }
+                Some(over)
+            };
+            type Rank = (i64, usize, i64, i64, ByText);
+            let rank = |set: &[&Victim], over: i64, node: &ByText| -> Rank {
+                (over, set.len(), set.iter().map(|v| v.priority).max().unwrap_or(i64::MIN), set.iter().map(|v| v.priority).sum(), node.clone())
+            };
+            let mut best: Option<(Rank, Vec<Victim>)> = None;
             for (node, on) in &victims {
                 let Some(left) = free.get(node) else { continue };
                 if !usable(&service, &node.0) {
                     continue;
                 }
-                let mut left = left.clone();
-                let mut chosen = Vec::new();
-                let mut used_spare: HashMap<Value, i64> = HashMap::new();
-                let mut top = i64::MIN;
-                for (vp, ByText(v), vs) in on {
-                    if fits(&left, need) || *vp >= priority {
-                        break;
-                    }
-                    if taken.contains(v) {
-                        continue;
-                    }
-                    let spent = used_spare.entry(vs.clone()).or_default();
-                    if spare.get(vs).is_some_and(|s| *spent >= *s) {
-                        continue; // the budget spares no more of this service
-                    }
-                    *spent += 1;
-                    for (l, n) in left.iter_mut().zip(needs.get(vs).unwrap_or(&zero)) {
-                        *l += n;
-                    }
-                    chosen.push((v.clone(), vs.clone()));
-                    top = top.max(*vp);
+                let cands: Vec<&Victim> = on.iter().filter(|v| v.priority < priority && !taken.contains(&v.name.0)).collect();
+                let mut room = left.clone();
+                for v in &cands {
+                    add(&mut room, &v.need, 1);
                 }
-                if !fits(&left, need) || chosen.is_empty() {
+                if !fits(&room, need) {
                     continue;
                 }
-                let key = (chosen.len(), top, node.clone());
+                // Which would break a budget if evicted (highest priority
+                // first claims the spare), then reprieve: those first,
+                // highest priority first, smaller first within a priority.
+                let mut left_spare: HashMap<&Value, i64> = HashMap::new();
+                let mut by_priority = cands.clone();
+                // (Among equals, the last by name is reprieved first: the
+                // first by name is the one evicted.)
+                by_priority.sort_by(|x, y| {
+                    y.priority.cmp(&x.priority).then_with(|| x.need.iter().sum::<i64>().cmp(&y.need.iter().sum())).then_with(|| y.name.cmp(&x.name))
+                });
+                let (mut violating, mut fine) = (Vec::new(), Vec::new());
+                for v in by_priority {
+                    match spare.get(&v.service) {
+                        Some(sp) => {
+                            let l = left_spare.entry(&v.service).or_insert((*sp).max(0));
+                            if *l > 0 {
+                                *l -= 1;
+                                fine.push(v);
+                            } else {
+                                violating.push(v);
+                            }
+                        }
+                        None => fine.push(v),
+                    }
+                }
+                let mut evicted: Vec<&Victim> = Vec::new();
+                for v in violating.into_iter().chain(fine) {
+                    let mut without = room.clone();
+                    add(&mut without, &v.need, -1);
+                    if fits(&without, need) {
+                        room = without;
+                    } else {
+                        evicted.push(v);
+                    }
+                }
+                let mut chosen = broken(&evicted).map(|over| (rank(&evicted, over, node), evicted.clone()));
+                // Fewer victims, where looking costs little.
+                let n = cands.len() as u64;
+                for k in 1..evicted.len() {
+                    if binomial(n, k as u64) > PREEMPT_SEARCH {
+                        break;
+                    }
+                    let mut found: Option<(Rank, Vec<&Victim>)> = None;
+                    for_each_combination(cands.len(), k, &mut |ix: &[usize]| {
+                        let set: Vec<&Victim> = ix.iter().map(|&i| cands[i]).collect();
+                        let mut r = left.clone();
+                        for v in &set {
+                            add(&mut r, &v.need, 1);
+                        }
+                        if fits(&r, need) {
+                            if let Some(over) = broken(&set) {
+                                let key = rank(&set, over, node);
+                                if found.as_ref().is_none_or(|(f, _)| key < *f) {
+                                    found = Some((key, set));
+                                }
+                            }
+                        }
+                    });
+                    if let Some((key, set)) = found {
+                        if chosen.as_ref().is_none_or(|(c, _)| key < *c) {
+                            chosen = Some((key, set));
+                        }
+                        break;
+                    }
+                }
+                let Some((key, set)) = chosen else { continue };
                 if best.as_ref().is_none_or(|(k, _)| key < *k) {
-                    best = Some((key, chosen));
+                    best = Some((key, set.into_iter().cloned().collect()));
                 }
             }
-            let Some(((_, _, node), chosen)) = best else { continue };
+            let Some(((_, _, _, _, node), chosen)) = best else { continue };
             let left = free.get_mut(&node).expect("a node with room rows");
-            for (v, vs) in &chosen {
-                taken.insert(v.clone());
-                if let Some(s) = spare.get_mut(vs) {
-                    *s -= 1;
-                }
-                for (l, n) in left.iter_mut().zip(needs.get(vs).unwrap_or(&zero)) {
-                    *l += n;
-                }
-                out.push((v.clone(), instance.clone()));
+            for v in &chosen {
+                taken.insert(v.name.0.clone());
+                let note = match spare.get_mut(&v.service) {
+                    Some(s) => {
+                        *s -= 1;
+                        if *s < 0 {
+                            format!("the disruption budget of {} (no instance to spare) is broken: no node could make room without it", v.service)
+                        } else {
+                            String::new()
+                        }
+                    }
+                    None => String::new(),
+                };
+                add(left, &v.need, 1);
+                out.push((v.name.0.clone(), instance.clone(), Value::str(&note)));
             }
-            for (l, n) in left.iter_mut().zip(need) {
-                *l -= n;
-            }
+            add(left, need, -1);
         }
         out.sort_by(|x, y| x.0.cmp_text(&y.0));
         out
+    }
+}
+
+/// n choose k, saturating.
+fn binomial(n: u64, k: u64) -> u64 {
+    (0..k.min(n)).fold(1u64, |acc, i| acc.saturating_mul(n - i) / (i + 1))
+}
+
+/// Calls `f` with every k-subset of 0..n, as sorted indices, in lexicographic order.
+fn for_each_combination(n: usize, k: usize, f: &mut dyn FnMut(&[usize])) {
+    if k > n {
+        return;
+    }
+    let mut ix: Vec<usize> = (0..k).collect();
+    loop {
+        f(&ix);
+        let Some(i) = (0..k).rev().find(|&i| ix[i] != i + n - k) else { return };
+        ix[i] += 1;
+        for j in i + 1..k {
+            ix[j] = ix[j - 1] + 1;
+        }
     }
 }
 
@@ -588,6 +723,9 @@ mod tests {
         fn one(self, a: usize, x: &str) -> Case {
             self.row(a, vec![v(x)])
         }
+        fn reserve(self, node: &str) -> Case {
+            self.row(arg::RESERVED, vec![v(node), v("taint dedicated=x:NoSchedule")])
+        }
         fn zone(self, node: &str, zone: &str) -> Case {
             self.row(arg::TOPOLOGY, vec![v(node), v("zone"), v(zone)])
         }
@@ -608,7 +746,7 @@ mod tests {
         let has = |a: usize, row: &[&Value]| x.arg(a).iter().any(|r| r.len() == row.len() && r.iter().zip(row).all(|(a, b)| a == *b));
         x.arg(arg::OFFER).iter().any(|r| r[0] == *n)
             && (!has(arg::RESTRICTED, &[s]) || has(arg::ALLOWED, &[s, n]))
-            && (!has(arg::RESERVED, &[n]) || has(arg::ADMITTED, &[s, n]))
+            && (!x.arg(arg::RESERVED).iter().any(|r| r[0] == *n) || has(arg::ADMITTED, &[s, n]))
     }
 
     /// The semantics, written the slow way: every instance looks at every node
@@ -636,7 +774,7 @@ mod tests {
             let added_on = |n: &Value| added.get(&(s.clone(), n.clone())).copied().unwrap_or(0);
             let count = |d: Value| nodes.iter().filter(|n| domain(n) == Some(d.clone())).map(|n| spread(n) + added_on(n)).sum::<i64>();
             let min = nodes.iter().filter_map(|n| domain(n)).map(count).min().unwrap_or(0);
-            let mut keyed: Vec<((i64, i64, i64, ByText), Value)> = nodes
+            let mut keyed: Vec<((i64, i64, i64, i64, ByText), Value)> = nodes
                 .iter()
                 .filter(|n| rooms[*n].fits(need))
                 .filter(|n| hard.as_ref().is_none_or(|(_, m)| count(domain(n).unwrap()) + 1 - min <= *m))
@@ -644,7 +782,8 @@ mod tests {
                     let c = domain(n).map_or(0, count);
                     let k = spread(n) + added_on(n);
                     let score = rooms[n].score();
-                    let key = if packed { (c, 0, -score, ByText(n.clone())) } else { (c, k, score, ByText(n.clone())) };
+                    let points: i64 = x.arg(arg::PREFERENCE).iter().filter(|r| r[0] == *s && r[1] == *n).map(|r| int(&r[2])).sum();
+                    let key = if packed { (c, points, 0, -score, ByText(n.clone())) } else { (c, points, k, score, ByText(n.clone())) };
                     (key, n.clone())
                 })
                 .collect();
@@ -774,13 +913,39 @@ mod tests {
     }
 
     #[test]
+    fn a_preference_steers_only_its_own_service() {
+        // `soft` does not tolerate quiet's PreferNoSchedule taint: quiet
+        // scores best, but only `soft` is told it is worse there.
+        let c = Case::new()
+            .pending("soft", 0, 2, 0)
+            .need("soft", "cpu", 1)
+            .pending("other", 0, 1, 0)
+            .need("other", "cpu", 1)
+            .node("quiet", -500, &[("cpu", 10)])
+            .node("busy", 0, &[("cpu", 10)])
+            .row(arg::PREFERENCE, vec![v("soft"), v("quiet"), Value::Int(2000)]);
+        let out = c.assign();
+        let of = |i: &str| out.iter().find(|(x, _)| *x == v(i)).map(|(_, n)| n.clone());
+        assert_eq!(of("soft-0"), Some(v("busy")), "{out:?}");
+        assert_eq!(of("soft-1"), Some(v("busy")), "{out:?}");
+        assert_eq!(of("other-0"), Some(v("quiet")), "{out:?}");
+        // … and where only the worse node has room, it is used (a preference, not a rule).
+        let c = Case::new()
+            .pending("soft", 0, 1, 0)
+            .need("soft", "cpu", 1)
+            .node("quiet", 0, &[("cpu", 10)])
+            .row(arg::PREFERENCE, vec![v("soft"), v("quiet"), Value::Int(2000)]);
+        assert_eq!(c.assign(), vec![(v("soft-0"), v("quiet"))]);
+    }
+
+    #[test]
     fn a_reserved_node_takes_only_admitted_services() {
         let c = Case::new()
             .pending("web", 0, 3, 0)
             .pending("ops", 0, 1, 0)
             .node("tainted", -100, &[("cpu", 10)])
             .node("plain", 0, &[("cpu", 10)])
-            .one(arg::RESERVED, "tainted")
+            .reserve("tainted")
             .pairs(arg::ADMITTED, &[("ops", "tainted")]);
         let out = c.assign();
         assert_eq!(on(&out, "tainted"), 1, "only ops, though it scores best: {out:?}");
@@ -839,6 +1004,11 @@ mod tests {
         }
     }
 
+    /// (victim, preemptor) pairs, and the budgets broken.
+    fn preempted(x: &Inputs) -> Vec<(Value, Value)> {
+        x.preempt().into_iter().map(|(v, p, _)| (v, p)).collect()
+    }
+
     #[test]
     fn preemption_takes_the_fewest_lowest_priority_victims() {
         let mut x = preempt_case();
@@ -852,13 +1022,93 @@ mod tests {
         victim(&mut x, "s-1", "n1", "s", 0, 200);
         victim(&mut x, "s-2", "n1", "s", 0, 200);
         victim(&mut x, "l-0", "n2", "l", 5, 500);
-        assert_eq!(x.preempt(), vec![(v("l-0"), v("big-0"))]);
-        // A budget that spares none of l: the three small ones, lowest priority first.
+        assert_eq!(preempted(&x), vec![(v("l-0"), v("big-0"))]);
+        // A budget that spares none of l: the three small ones (n2 would break it).
         push(&mut x, parg::BUDGET, vec![v("l"), Value::Int(0)]);
-        assert_eq!(x.preempt(), vec![(v("s-0"), v("big-0")), (v("s-1"), v("big-0")), (v("s-2"), v("big-0"))]);
+        assert_eq!(preempted(&x), vec![(v("s-0"), v("big-0")), (v("s-1"), v("big-0")), (v("s-2"), v("big-0"))]);
         // Room somewhere as it is: no one is evicted.
         push(&mut x, parg::ROOM, vec![v("n3"), v("cpu"), Value::Int(600), Value::Int(1000)]);
+        assert_eq!(preempted(&x), vec![]);
+    }
+
+    /// From Kubernetes' default_preemption_test.go: victims are reprieved,
+    /// highest priority first, while the preemptor still fits; the
+    /// old lowest-priority-first walk evicted both.
+    #[test]
+    fn preemption_reprieves_every_victim_not_needed() {
+        let mut x = preempt_case();
+        push(&mut x, parg::PREEMPTOR, vec![v("p-0"), v("p"), Value::Int(10)]);
+        push(&mut x, parg::NEED, vec![v("p"), v("cpu"), Value::Int(500)]);
+        push(&mut x, parg::ROOM, vec![v("n1"), v("cpu"), Value::Int(100), Value::Int(1000)]);
+        victim(&mut x, "a-0", "n1", "a", 1, 300);
+        victim(&mut x, "b-0", "n1", "b", 2, 600);
+        assert_eq!(preempted(&x), vec![(v("b-0"), v("p-0"))], "b alone makes room: a is reprieved");
+    }
+
+    #[test]
+    fn preemption_takes_as_few_as_possible_then_the_lowest_priorities() {
+        // Mixed priorities on one node: two small low ones or one big higher one.
+        let mut x = preempt_case();
+        push(&mut x, parg::PREEMPTOR, vec![v("p-0"), v("p"), Value::Int(10)]);
+        push(&mut x, parg::NEED, vec![v("p"), v("cpu"), Value::Int(200)]);
+        push(&mut x, parg::ROOM, vec![v("n1"), v("cpu"), Value::Int(0), Value::Int(400)]);
+        victim(&mut x, "a-0", "n1", "a", 1, 100);
+        victim(&mut x, "b-0", "n1", "b", 2, 100);
+        victim(&mut x, "c-0", "n1", "c", 3, 200);
+        assert_eq!(preempted(&x), vec![(v("c-0"), v("p-0"))], "one victim, not two");
+        // Of equally few, the lowest priorities.
+        victim(&mut x, "d-0", "n1", "d", 2, 200);
+        assert_eq!(preempted(&x), vec![(v("d-0"), v("p-0"))]);
+        // The search for fewer finds what the greedy reprieve misses:
+        // reprieving the higher-priority 150s first leaves two 100s out.
+        let mut x = preempt_case();
+        push(&mut x, parg::PREEMPTOR, vec![v("p-0"), v("p"), Value::Int(10)]);
+        push(&mut x, parg::NEED, vec![v("p"), v("cpu"), Value::Int(200)]);
+        push(&mut x, parg::ROOM, vec![v("n1"), v("cpu"), Value::Int(0), Value::Int(500)]);
+        victim(&mut x, "a-0", "n1", "a", 1, 100);
+        victim(&mut x, "a-1", "n1", "a", 1, 100);
+        victim(&mut x, "b-0", "n1", "b", 2, 150);
+        victim(&mut x, "c-0", "n1", "c", 3, 150);
+        let out = preempted(&x);
+        assert_eq!(out.len(), 2, "{out:?}");
+    }
+
+    #[test]
+    fn a_budget_is_broken_only_as_a_last_resort_and_a_strict_one_never() {
+        let mut x = preempt_case();
+        push(&mut x, parg::PREEMPTOR, vec![v("p-0"), v("p"), Value::Int(10)]);
+        push(&mut x, parg::NEED, vec![v("p"), v("cpu"), Value::Int(500)]);
+        push(&mut x, parg::ROOM, vec![v("n1"), v("cpu"), Value::Int(0), Value::Int(500)]);
+        victim(&mut x, "db-0", "n1", "db", 0, 500);
+        push(&mut x, parg::BUDGET, vec![v("db"), Value::Int(0)]);
+        let out = x.preempt();
+        assert_eq!(out.len(), 1, "no other choice: the budget is broken");
+        assert!(out[0].2.to_string().contains("disruption budget of db"), "{out:?}");
+        // Where another node makes room within budgets, that one.
+        push(&mut x, parg::ROOM, vec![v("n2"), v("cpu"), Value::Int(0), Value::Int(500)]);
+        victim(&mut x, "web-0", "n2", "web", 5, 500);
+        assert_eq!(x.preempt(), vec![(v("web-0"), v("p-0"), v(""))]);
+        // A strict budget is never broken.
+        let mut x = preempt_case();
+        push(&mut x, parg::PREEMPTOR, vec![v("p-0"), v("p"), Value::Int(10)]);
+        push(&mut x, parg::NEED, vec![v("p"), v("cpu"), Value::Int(500)]);
+        push(&mut x, parg::ROOM, vec![v("n1"), v("cpu"), Value::Int(0), Value::Int(500)]);
+        victim(&mut x, "db-0", "n1", "db", 0, 500);
+        push(&mut x, parg::BUDGET, vec![v("db"), Value::Int(0)]);
+        push(&mut x, parg::STRICT, vec![v("db")]);
         assert_eq!(x.preempt(), vec![]);
+    }
+
+    #[test]
+    fn combinations_are_every_k_subset_once() {
+        let mut seen = Vec::new();
+        for_each_combination(5, 3, &mut |ix: &[usize]| seen.push(ix.to_vec()));
+        assert_eq!(seen.len() as u64, binomial(5, 3));
+        assert_eq!(seen.first(), Some(&vec![0, 1, 2]));
+        assert_eq!(seen.last(), Some(&vec![2, 3, 4]));
+        let mut none = 0;
+        for_each_combination(2, 3, &mut |_: &[usize]| none += 1);
+        assert_eq!(none, 0);
     }
 
     #[test]
@@ -869,17 +1119,17 @@ mod tests {
         push(&mut x, parg::ROOM, vec![v("n1"), v("cpu"), Value::Int(0), Value::Int(1000)]);
         push(&mut x, parg::ROOM, vec![v("n2"), v("cpu"), Value::Int(0), Value::Int(1000)]);
         victim(&mut x, "b-0", "n1", "b", 5, 1000);
-        assert_eq!(x.preempt(), vec![], "same priority");
+        assert_eq!(preempted(&x), vec![], "same priority");
         victim(&mut x, "c-0", "n2", "c", 1, 1000);
-        push(&mut x, parg::RESERVED, vec![v("n2")]);
-        assert_eq!(x.preempt(), vec![], "n2 is reserved and a is not admitted");
+        push(&mut x, parg::RESERVED, vec![v("n2"), v("taint t=1:NoSchedule")]);
+        assert_eq!(preempted(&x), vec![], "n2 is reserved and a is not admitted");
         push(&mut x, parg::ADMITTED, vec![v("a"), v("n2")]);
-        assert_eq!(x.preempt(), vec![(v("c-0"), v("a-0"))]);
+        assert_eq!(preempted(&x), vec![(v("c-0"), v("a-0"))]);
         // Two preemptors: the room one frees is charged; the second needs another victim.
         push(&mut x, parg::PREEMPTOR, vec![v("a-1"), v("a"), Value::Int(5)]);
-        assert_eq!(x.preempt(), vec![(v("c-0"), v("a-0"))], "c-0 frees 1000: both fit on n2");
+        assert_eq!(preempted(&x), vec![(v("c-0"), v("a-0"))], "c-0 frees 1000: both fit on n2");
         push(&mut x, parg::PREEMPTOR, vec![v("a-2"), v("a"), Value::Int(5)]);
-        assert_eq!(x.preempt(), vec![(v("c-0"), v("a-0"))], "a third finds no other victim");
+        assert_eq!(preempted(&x), vec![(v("c-0"), v("a-0"))], "a third finds no other victim");
     }
 
     #[test]
@@ -922,6 +1172,9 @@ mod tests {
                     if next(4) == 0 {
                         c = c.row(arg::SPREAD, vec![v(&name), v(&node), Value::Int(next(3) as i64)]);
                     }
+                    if next(4) == 0 {
+                        c = c.row(arg::PREFERENCE, vec![v(&name), v(&node), Value::Int(next(3) as i64 * 300)]);
+                    }
                 }
             }
             for n in 0..nodes {
@@ -936,7 +1189,7 @@ mod tests {
                     c = c.node(&node, next(5) as i64 * 100, &room);
                 }
                 if next(4) == 0 {
-                    c = c.one(arg::RESERVED, &node);
+                    c = c.reserve(&node);
                 }
                 if next(5) > 0 {
                     c = c.zone(&node, ["a", "b", "c"][next(3) as usize]);

@@ -98,7 +98,7 @@ pub struct Relation {
 /// Relations computed by a built-in operator instead of rules.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Builtin {
-    /// `assign(pending, need, …, packed)`: capacity-respecting greedy
+    /// `assign(pending, need, …, packed, preference)`: capacity-respecting greedy
     /// assignment of instances to nodes (docs/language.md). Its arguments,
     /// in the order of [`ASSIGN`].
     Assign(Vec<RelId>),
@@ -140,7 +140,12 @@ pub struct BuiltinSig {
 /// Every built-in.
 pub const BUILTINS: &[BuiltinSig] = &[
     BuiltinSig { name: "assign", args: ASSIGN, result: &[("instance", Type::Name), ("node", Type::Name)], make: Builtin::Assign },
-    BuiltinSig { name: "preempt", args: PREEMPT, result: &[("victim", Type::Name), ("preemptor", Type::Name)], make: Builtin::Preempt },
+    BuiltinSig {
+        name: "preempt",
+        args: PREEMPT,
+        result: &[("victim", Type::Name), ("preemptor", Type::Name), ("budget", Type::String)],
+        make: Builtin::Preempt,
+    },
 ];
 
 /// `name(arg, …)` as users write it.
@@ -179,6 +184,7 @@ pub const PREEMPT: &[BuiltinArg] = &[
     ALLOWED,
     RESERVED,
     ADMITTED,
+    BuiltinArg { role: "strict", columns: &[("service", Type::Name)], doc: "services whose budget is never broken (others' only as a last resort)" },
 ];
 
 // Where a service may run: the same four arguments for both built-ins.
@@ -186,8 +192,11 @@ const RESTRICTED: BuiltinArg =
     BuiltinArg { role: "restricted", columns: &[("service", Type::Name)], doc: "services that may use only the nodes `allowed` lists" };
 const ALLOWED: BuiltinArg =
     BuiltinArg { role: "allowed", columns: &[("service", Type::Name), ("node", Type::Name)], doc: "where a restricted service may run" };
-const RESERVED: BuiltinArg =
-    BuiltinArg { role: "reserved", columns: &[("node", Type::Name)], doc: "nodes only the services `admitted` lists may use (tainted)" };
+const RESERVED: BuiltinArg = BuiltinArg {
+    role: "reserved",
+    columns: &[("node", Type::Name), ("reason", Type::String)],
+    doc: "nodes only the services `admitted` lists may use, and why (a taint, named for the why-not)",
+};
 const ADMITTED: BuiltinArg = BuiltinArg {
     role: "admitted",
     columns: &[("service", Type::Name), ("node", Type::Name)],
@@ -205,6 +214,7 @@ pub mod preempt_arg {
     pub const ALLOWED: usize = 6;
     pub const RESERVED: usize = 7;
     pub const ADMITTED: usize = 8;
+    pub const STRICT: usize = 9;
 }
 
 /// One argument of a built-in: its role, the columns it needs (text columns
@@ -260,6 +270,11 @@ pub const ASSIGN: &[BuiltinArg] = &[
         doc: "the domain of a node for a topology key (its label's value)",
     },
     BuiltinArg { role: "packed", columns: &[("service", Type::Name)], doc: "services placed most-allocated first (bin-packing) instead of least-allocated" },
+    BuiltinArg {
+        role: "preference",
+        columns: &[("service", Type::Name), ("node", Type::Name), ("points", Type::Int)],
+        doc: "points added to a node's score for one service only (lower first; e.g. a PreferNoSchedule taint it does not tolerate)",
+    },
 ];
 
 /// Positions of `assign`'s arguments in [`ASSIGN`].
@@ -276,6 +291,7 @@ pub mod assign_arg {
     pub const HARD_SPREAD: usize = 9;
     pub const TOPOLOGY: usize = 10;
     pub const PACKED: usize = 11;
+    pub const PREFERENCE: usize = 12;
 }
 
 /// `assign(pending, need, …)` as users write it.

@@ -127,6 +127,10 @@ fn why_not(out: &mut String, w: &WhyNot, depth: usize) {
     if let Some(a) = &w.assign {
         assign(out, a, depth);
     }
+    for p in &w.preempt {
+        pad(out, depth);
+        let _ = writeln!(out, "preempt: {p}");
+    }
     for r in &w.rules {
         pad(out, depth);
         let _ = writeln!(out, "rule {}: {}", r.rule.location, r.rule.text);

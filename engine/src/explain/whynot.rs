@@ -40,6 +40,9 @@ pub struct WhyNot {
     /// For the built-in `assign`: why no node took the instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assign: Option<AssignWhyNot>,
+    /// For the built-in `preempt`: why the instance is no victim.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preempt: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -181,7 +184,8 @@ impl WhyNotCx<'_, '_> {
     fn why_not_uncached(&self, rel: RelId, pattern: &[Option<Value>], depth: usize) -> Result<WhyNot, String> {
         let program = self.db.program;
         let r = &program.relations[rel];
-        let mut out = WhyNot { fact: fact_text(program, rel, pattern), input: None, nearest: self.nearest(rel, pattern)?, rules: vec![], assign: None };
+        let mut out =
+            WhyNot { fact: fact_text(program, rel, pattern), input: None, nearest: self.nearest(rel, pattern)?, rules: vec![], assign: None, preempt: vec![] };
         if self.db.is_input(rel) {
             if let Some(key) = super::pattern_key(program, rel, pattern) {
                 let stored = self.db.inputs.facts.get(&key).map(|f| f.value.clone());
@@ -194,8 +198,8 @@ impl WhyNotCx<'_, '_> {
             out.assign = Some(self.assign(pattern, b, depth)?);
             return Ok(out);
         }
-        if r.builtin.is_some() {
-            // `preempt` evicts nothing: its summary is the preemptor's why-not.
+        if let Some(b @ Builtin::Preempt(_)) = &r.builtin {
+            out.preempt = self.preempt(pattern, b)?;
             return Ok(out);
         }
         for plan in self.plans.iter().filter(|p| p.head == rel) {
@@ -390,6 +394,49 @@ impl WhyNotCx<'_, '_> {
     }
 
     /// Every node against every constraint, for one pending instance.
+    /// Why `preempt` does not take the instance: not a candidate, no
+    /// preemptor, its budget (named, with what it spares), or another choice.
+    fn preempt(&self, pattern: &[Option<Value>], b: &Builtin) -> Result<Vec<String>, String> {
+        use ccattler_parser::program::preempt_arg as a;
+        let rel = |x: usize| b.arg(x);
+        let Some(victim) = pattern.first().cloned().flatten() else { return Ok(vec!["why-not of a preemption needs the victim".into()]) };
+        let mut round = crate::builtin::Inputs { args: Vec::new() };
+        for x in 0..ccattler_parser::program::PREEMPT.len() {
+            round.args.push(self.db.rows(rel(x))?.iter().cloned().collect());
+        }
+        if round.arg(a::PREEMPTOR).is_empty() {
+            return Ok(vec!["no instance waits to preempt (nothing was left unplaced in the last round)".into()]);
+        }
+        let Some(v) = round.arg(a::VICTIM).iter().find(|r| r[0] == victim).cloned() else {
+            return Ok(vec![format!("{victim} is no candidate: it is not kept, or no preemptor has a higher priority than its service")]);
+        };
+        let service = &v[2];
+        let spare = round.arg(a::BUDGET).iter().find(|r| r[0] == *service).and_then(|r| r[1].as_int());
+        let strict = round.arg(a::STRICT).iter().any(|r| r[0] == *service);
+        let mut out = Vec::new();
+        match (spare, strict) {
+            (Some(s), true) if s <= 0 => out.push(format!("the strict disruption budget of {service} spares none ({s} to spare): it is never broken")),
+            (Some(s), false) if s <= 0 => {
+                out.push(format!("the disruption budget of {service} spares none ({s} to spare): it is broken only when no node makes room otherwise"))
+            }
+            (Some(s), _) => out.push(format!("the disruption budget of {service} spares {s}")),
+            (None, _) => {}
+        }
+        let taken = round.preempt();
+        if let Some((_, p, _)) = taken.iter().find(|(x, _, _)| *x == victim) {
+            out.push(format!("it is a victim: {p} takes its room"));
+        } else {
+            let on = &v[1];
+            let elsewhere: Vec<String> = taken.iter().map(|(x, p, _)| format!("{x} for {p}")).collect();
+            if elsewhere.is_empty() {
+                out.push(format!("no preemptor gains room on {on} by evicting it"));
+            } else {
+                out.push(format!("not needed: the preemptors make room with fewer, lower-priority or in-budget victims ({})", elsewhere.join(", ")));
+            }
+        }
+        Ok(out)
+    }
+
     fn assign(&self, pattern: &[Option<Value>], b: &Builtin, depth: usize) -> Result<AssignWhyNot, String> {
         use ccattler_parser::program::assign_arg as a;
         let program = self.db.program;
@@ -502,7 +549,12 @@ impl WhyNotCx<'_, '_> {
             if is_restricted && !round.arg(a::ALLOWED).iter().any(|r| r[0] == *service && r[1] == *n) {
                 reasons = reasons_for("not allowed", rel(a::ALLOWED), &[Some(service.clone()), Some(n.clone())], n)?;
             } else if reserved && !round.arg(a::ADMITTED).iter().any(|r| r[0] == *service && r[1] == *n) {
-                reasons = reasons_for("reserved, not admitted", rel(a::ADMITTED), &[Some(service.clone()), Some(n.clone())], n)?;
+                // What reserves the node (its taints, as the rules name them).
+                let mut why: Vec<String> = round.arg(a::RESERVED).iter().filter(|r| r[0] == *n).filter_map(|r| r.get(1).map(|x| x.to_string())).collect();
+                why.sort();
+                why.dedup();
+                let what = if why.is_empty() { "reserved, not admitted".to_string() } else { format!("reserved ({}), not admitted", why.join(", ")) };
+                reasons = reasons_for(&what, rel(a::ADMITTED), &[Some(service.clone()), Some(n.clone())], n)?;
             } else if !offered {
                 let none: Vec<Option<Value>> =
                     std::iter::once(Some(n.clone())).chain(std::iter::repeat(None)).take(program.relations[rel(a::OFFER)].arity()).collect();
