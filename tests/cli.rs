@@ -486,3 +486,32 @@ fn why_not_of_a_preemption_names_the_budget_that_holds_it_back() {
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("the strict disruption budget of low spares none (0 to spare): it is never broken"), "{stdout}");
 }
+
+/// The same-round extension point is needed: with the `apart` rules
+/// mutated to derive nothing for two services, the rule test of two
+/// services that avoid each other in one round fails (they share a zone).
+#[test]
+fn mutation_without_the_apart_rule_breaks_same_round_anti_affinity() {
+    let dir = tempdir("mutation-apart");
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    for e in std::fs::read_dir("rules").unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "rules") {
+            std::fs::copy(e.path(), rules.join(e.file_name())).unwrap();
+        }
+    }
+    let spread = std::fs::read_to_string(rules.join("spread.rules")).unwrap();
+    let mutated = spread
+        .replace("apart(s, t, k) :- pending_service(s), avoid(s, t, k).", "apart(s, t, k) :- pending_service(s), avoid(s, t, k), s = t.")
+        .replace("apart(s, t, k) :- pending_service(t), avoid(s, t, k).", "apart(s, t, k) :- pending_service(t), avoid(s, t, k), s = t.");
+    assert_ne!(mutated, spread, "the apart rules are where the mutation expects them");
+    std::fs::write(rules.join("spread.rules"), mutated).unwrap();
+    let case = ["test", "rules/tests/spread.test", "--rules", rules.to_str().unwrap(), "--run", "placed in one round"];
+    let out = ccattler(&case);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "the mutant must fail: {stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("count      placement/instance/db-: expected 0, got 2"), "{stdout}");
+    // The shipped rules pass the same case.
+    let out = ccattler(&["test", "rules/tests/spread.test", "--run", "placed in one round"]);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+}

@@ -114,6 +114,35 @@ impl Policy {
     }
 }
 
+/// Services kept apart within the round (required anti-affinity): an
+/// instance of a service is not assigned to a node whose domain (by the
+/// pair's topology key) got an instance of the other this round (either
+/// way). Instances already placed are the rules' `excluded`.
+struct Apart {
+    /// For each service, the (other, key) pairs it is kept apart from.
+    pairs: HashMap<Value, Vec<(Value, Value)>>,
+    /// The domains (service, key) got instances in this round.
+    taken: HashMap<(Value, Value), HashSet<Value>>,
+}
+
+impl Apart {
+    fn blocked(&self, service: &Value, node: &Value, topology: &HashMap<(Value, Value), Value>) -> bool {
+        self.pairs.get(service).is_some_and(|ps| {
+            ps.iter().any(|(other, key)| {
+                topology.get(&(node.clone(), key.clone())).is_some_and(|d| self.taken.get(&(other.clone(), key.clone())).is_some_and(|ds| ds.contains(d)))
+            })
+        })
+    }
+    fn record(&mut self, service: &Value, node: &Value, topology: &HashMap<(Value, Value), Value>) {
+        let Some(ps) = self.pairs.get(service) else { return };
+        for (_, key) in ps {
+            if let Some(d) = topology.get(&(node.clone(), key.clone())) {
+                self.taken.entry((service.clone(), key.clone())).or_default().insert(d.clone());
+            }
+        }
+    }
+}
+
 /// The round's state shared by all services.
 struct Round {
     resources: BTreeMap<ByText, usize>,
@@ -259,6 +288,11 @@ impl Inputs {
             let e = preference.entry(r[0].clone()).or_default().entry(r[1].clone()).or_default();
             *e = e.saturating_add(int(&r[2]));
         }
+        let mut apart = Apart { pairs: HashMap::new(), taken: HashMap::new() };
+        for r in self.arg(arg::APART) {
+            apart.pairs.entry(r[0].clone()).or_default().push((r[1].clone(), r[2].clone()));
+            apart.pairs.entry(r[1].clone()).or_default().push((r[0].clone(), r[2].clone()));
+        }
         let mut order: Vec<&Row> = self.arg(arg::PENDING).iter().collect();
         order.sort_by(|a, b| int(&b[2]).cmp(&int(&a[2])).then_with(|| a[1].cmp_text(&b[1])).then_with(|| a[0].cmp_text(&b[0])));
         let no_spread = HashMap::new();
@@ -290,7 +324,8 @@ impl Inputs {
                     .filter(|n| usable(n, &round))
                     .filter_map(|n| topology.get(&(n.clone(), key.clone())).map(|d| (ByText(n), d.clone())))
                     .collect();
-                assign_hard_spread(&mut round, &instances, need, counts, &policy, &nodes, *max_skew, &mut out);
+                let spread = Spread { counts, max_skew: *max_skew };
+                assign_hard_spread(&mut round, &service, &instances, need, spread, &policy, &nodes, (&mut apart, &topology), &mut out);
                 continue;
             }
             // The service's own nodes, keyed like the ranking: those it is
@@ -318,7 +353,7 @@ impl Inputs {
             for instance in instances {
                 let best_own = loop {
                     let Some(first) = own.first() else { break None };
-                    if round.rooms[&first.3 .0].fits(need) {
+                    if round.rooms[&first.3 .0].fits(need) && !apart.blocked(&service, &first.3 .0, &topology) {
                         break Some(first.clone());
                     }
                     let first = first.clone();
@@ -334,7 +369,7 @@ impl Inputs {
                         if own_spread.contains_key(n) || cannot_fit.contains(n) {
                             continue;
                         }
-                        if !round.rooms[n].fits(need) {
+                        if !round.rooms[n].fits(need) || apart.blocked(&service, n, &topology) {
                             cannot_fit.insert(n.clone());
                             continue;
                         }
@@ -360,6 +395,7 @@ impl Inputs {
                 let k = own_spread.get(&node).copied().unwrap_or(0) + 1;
                 own.insert(policy.key(k, charged, node.clone()));
                 own_spread.insert(node.clone(), k);
+                apart.record(&service, &node, &topology);
                 out.push((instance, node));
             }
         }
@@ -371,15 +407,22 @@ impl Inputs {
 /// A hard-spread service's instances: domains ranked by (count, their best
 /// node), nodes within a domain by the service's key; a node that cannot fit
 /// the service leaves its domain for the round.
+/// A hard spread: the service's instances per node already there, and its max skew.
+struct Spread<'a> {
+    counts: &'a HashMap<Value, i64>,
+    max_skew: i64,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn assign_hard_spread(
     round: &mut Round,
+    service: &Value,
     instances: &[Value],
     need: &[i64],
-    spread: &HashMap<Value, i64>,
+    Spread { counts: spread, max_skew }: Spread,
     policy: &Policy,
     nodes: &BTreeMap<ByText, Value>,
-    max_skew: i64,
+    (apart, topology): (&mut Apart, &HashMap<(Value, Value), Value>),
     out: &mut Vec<(Value, Value)>,
 ) {
     let mut count: HashMap<Value, i64> = nodes.values().map(|d| (d.clone(), 0)).collect();
@@ -406,10 +449,11 @@ fn assign_hard_spread(
             if c + 1 - min > max_skew {
                 break None; // the least-filled domain with a node would exceed the skew
             }
-            if round.rooms[&best.3 .0].fits(need) {
+            if round.rooms[&best.3 .0].fits(need) && !apart.blocked(service, &best.3 .0, topology) {
                 break Some((*c, best.clone(), d.clone()));
             }
-            // It cannot fit this service: out of its domain for the round.
+            // It cannot fit this service (or is kept apart from it): out of
+            // its domain for the round.
             let (c, best, d) = ranked.pop_first().expect("just looked");
             let set = in_domain.get_mut(&d.0).expect("ranked domains have nodes");
             set.remove(&best);
@@ -430,6 +474,7 @@ fn assign_hard_spread(
         by_count.remove(&(c, d.clone()));
         *count.get_mut(&d.0).expect("counted") += 1;
         by_count.insert((c + 1, d));
+        apart.record(service, &node, topology);
         out.push((instance.clone(), node));
     }
 }
@@ -770,13 +815,31 @@ mod tests {
                 let (key, _) = hard.as_ref()?;
                 x.arg(arg::TOPOLOGY).iter().filter(|r| r[0] == *n && r[1] == *key).map(|r| ByText(r[2].clone())).min().map(|d| d.0)
             };
+            // Kept apart: a node in a domain where the other service got an
+            // instance earlier in this round.
+            let dom = |n: &Value, k: &Value| x.arg(arg::TOPOLOGY).iter().filter(|r| r[0] == *n && r[1] == *k).map(|r| ByText(r[2].clone())).min().map(|d| d.0);
+            let service_of = |i: &Value| x.arg(arg::PENDING).iter().find(|p| p[0] == *i).map(|p| p[1].clone());
+            let apart = |n: &Value| {
+                x.arg(arg::APART).iter().any(|r| {
+                    let other = if r[0] == *s {
+                        &r[1]
+                    } else if r[1] == *s {
+                        &r[0]
+                    } else {
+                        return false;
+                    };
+                    let Some(d) = dom(n, &r[2]) else { return false };
+                    out.iter().any(|(i2, n2): &(Value, Value)| service_of(i2).as_ref() == Some(other) && dom(n2, &r[2]) == Some(d.clone()))
+                })
+            };
+            // (A node kept apart counts for the skew's minimum, as one without room does.)
             let nodes: Vec<Value> = rooms.keys().filter(|n| usable(x, s, n) && (hard.is_none() || domain(n).is_some())).cloned().collect();
             let added_on = |n: &Value| added.get(&(s.clone(), n.clone())).copied().unwrap_or(0);
             let count = |d: Value| nodes.iter().filter(|n| domain(n) == Some(d.clone())).map(|n| spread(n) + added_on(n)).sum::<i64>();
             let min = nodes.iter().filter_map(|n| domain(n)).map(count).min().unwrap_or(0);
             let mut keyed: Vec<((i64, i64, i64, i64, ByText), Value)> = nodes
                 .iter()
-                .filter(|n| rooms[*n].fits(need))
+                .filter(|n| rooms[*n].fits(need) && !apart(n))
                 .filter(|n| hard.as_ref().is_none_or(|(_, m)| count(domain(n).unwrap()) + 1 - min <= *m))
                 .map(|n| {
                     let c = domain(n).map_or(0, count);
@@ -823,8 +886,18 @@ mod tests {
             let u = used.get(n).unwrap_or(&zero);
             assert!(room.left.iter().zip(u).all(|(l, u)| u <= l), "{n:?} overcommitted: {u:?} > {:?}", room.left);
         }
+        // No two services kept apart share a domain among this round's assignments.
+        let dom = |n: &Value, k: &Value| x.arg(arg::TOPOLOGY).iter().filter(|r| r[0] == *n && r[1] == *k).map(|r| ByText(r[2].clone())).min().map(|d| d.0);
+        for r in x.arg(arg::APART) {
+            for (i, n) in out.iter().filter(|(i, _)| service_of(i.clone()) == r[0]) {
+                for (j, m) in out.iter().filter(|(j, _)| service_of(j.clone()) == r[1] && j != i) {
+                    let (d, e) = (dom(n, &r[2]), dom(m, &r[2]));
+                    assert!(d.is_none() || d != e, "{i:?} on {n:?} and {j:?} on {m:?} share {:?} {d:?}, kept apart", r[2]);
+                }
+            }
+        }
         for p in x.arg(arg::PENDING).iter().filter(|p| !seen.contains(&p[0])) {
-            if x.arg(arg::HARD_SPREAD).iter().any(|h| h[0] == p[1]) {
+            if x.arg(arg::HARD_SPREAD).iter().any(|h| h[0] == p[1]) || x.arg(arg::APART).iter().any(|a| a[0] == p[1] || a[1] == p[1]) {
                 continue;
             }
             let need = needs.get(&p[1]).unwrap_or(&zero);
@@ -936,6 +1009,32 @@ mod tests {
             .node("quiet", 0, &[("cpu", 10)])
             .row(arg::PREFERENCE, vec![v("soft"), v("quiet"), Value::Int(2000)]);
         assert_eq!(c.assign(), vec![(v("soft-0"), v("quiet"))]);
+    }
+
+    #[test]
+    fn services_kept_apart_never_share_a_domain_within_the_round() {
+        // Both pending at once, one zone each way: the old one-sided rule
+        // could not see what the same round assigned.
+        let mut c = Case::new().pending("cache", 0, 2, 0).need("cache", "cpu", 1).pending("db", 0, 2, 0).need("db", "cpu", 1);
+        for (n, z) in [("n1", "a"), ("n2", "a"), ("n3", "b"), ("n4", "b")] {
+            c = c.node(n, 0, &[("cpu", 10)]).zone(n, z);
+        }
+        let c = c.row(arg::APART, vec![v("db"), v("cache"), v("zone")]);
+        let out = c.assign();
+        assert_eq!(out.len(), 4, "{out:?}");
+        let zone = |n: &Value| if ["n1", "n2"].contains(&n.to_string().as_str()) { "a" } else { "b" };
+        let of = |s: &str| out.iter().filter(|(i, _)| i.to_string().starts_with(s)).map(|(_, n)| zone(n)).collect::<BTreeSet<&str>>();
+        assert!(of("db").is_disjoint(&of("cache")), "{out:?}");
+        // A service apart from itself: one instance per zone.
+        let c = Case::new()
+            .pending("solo", 0, 3, 0)
+            .need("solo", "cpu", 1)
+            .node("n1", 0, &[("cpu", 10)])
+            .zone("n1", "a")
+            .node("n2", 0, &[("cpu", 10)])
+            .zone("n2", "b");
+        let out = c.row(arg::APART, vec![v("solo"), v("solo"), v("zone")]).assign();
+        assert_eq!(out.len(), 2, "{out:?}");
     }
 
     #[test]
@@ -1175,6 +1274,10 @@ mod tests {
                     if next(4) == 0 {
                         c = c.row(arg::PREFERENCE, vec![v(&name), v(&node), Value::Int(next(3) as i64 * 300)]);
                     }
+                }
+                if next(4) == 0 {
+                    let other = format!("s{}", next(services));
+                    c = c.row(arg::APART, vec![v(&name), v(&other), v("zone")]);
                 }
             }
             for n in 0..nodes {

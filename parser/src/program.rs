@@ -98,7 +98,7 @@ pub struct Relation {
 /// Relations computed by a built-in operator instead of rules.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Builtin {
-    /// `assign(pending, need, …, packed, preference)`: capacity-respecting greedy
+    /// `assign(pending, need, …, preference, apart)`: capacity-respecting greedy
     /// assignment of instances to nodes (docs/language.md). Its arguments,
     /// in the order of [`ASSIGN`].
     Assign(Vec<RelId>),
@@ -275,6 +275,11 @@ pub const ASSIGN: &[BuiltinArg] = &[
         columns: &[("service", Type::Name), ("node", Type::Name), ("points", Type::Int)],
         doc: "points added to a node's score for one service only (lower first; e.g. a PreferNoSchedule taint it does not tolerate)",
     },
+    BuiltinArg {
+        role: "apart",
+        columns: &[("service", Type::Name), ("other", Type::Name), ("key", Type::Name)],
+        doc: "services whose instances this round may not share a topology domain (either way; required anti-affinity)",
+    },
 ];
 
 /// Positions of `assign`'s arguments in [`ASSIGN`].
@@ -292,6 +297,7 @@ pub mod assign_arg {
     pub const TOPOLOGY: usize = 10;
     pub const PACKED: usize = 11;
     pub const PREFERENCE: usize = 12;
+    pub const APART: usize = 13;
 }
 
 /// `assign(pending, need, …)` as users write it.
