@@ -668,6 +668,36 @@ async fn a_rolling_update_never_takes_more_than_max_unavailable_down() {
     }
 }
 
+/// A crashing new template stalls its rollout at once: the agent once
+/// dropped `version` while an instance was crashed, so the stall rule never
+/// saw that the crash was the new template's and the rollout said
+/// "progressing" for the whole progress deadline (300 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_new_template_stalls_the_rollout_within_seconds() {
+    let _serial = serial();
+    let (mut etcd, _cluster) = six_web_instances_behind_a_probe("crashroll", "builtin:http#1").await;
+    wait_for("the rollout status says complete", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/rollout/web/state").await.as_deref() == Some("complete") }
+    })
+    .await;
+    etcd.put("desired/service/web/image", "exec:/bin/false", None).await.unwrap();
+    let t = Instant::now();
+    wait_for("the rollout to start (generation 2)", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/rollout/web/generation").await.as_deref() == Some("2") }
+    })
+    .await;
+    let out = tokio::task::spawn_blocking(|| ccattler_as("user", &["rollout", "status", "web", "--watch", "--timeout", "60"])).await.unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "stalled is a failure of --watch: {printed}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(printed.contains("stalled: web-") && printed.contains("runs the new template and is crashed"), "{printed}");
+    assert!(t.elapsed() < Duration::from_secs(30), "stalled after {:?}, not within a few probe periods", t.elapsed());
+    eprintln!("a crashing template stalled its rollout {:?} after the image change", t.elapsed());
+    // The budget held: the other five still serve the old template.
+    assert!(endpoints(&mut etcd, "web").await.len() >= 5);
+}
+
 /// The autoscaler daemon, as its own etcd user, over three real agents:
 /// load on a service's instances (the built-in HTTP image burns cpu on
 /// `/burn`) scales it up to its max, and down again once the load stops and

@@ -684,7 +684,8 @@ impl Agent {
         for action in plan::plan(&want, &have, &leftover, Instant::now().into_std()) {
             match action {
                 Action::Start { instance, launch } => {
-                    self.start(&instance, launch);
+                    let version = wanted.get(&instance).and_then(|spec| spec.version);
+                    self.start(&instance, launch, version);
                     // Its persistent volumes exist on this node from now on.
                     if let Some(spec) = wanted.get(&instance) {
                         self.volumes.extend(spec.volumes.iter().filter(|(_, v)| v.persistent).map(|(v, _)| v.clone()));
@@ -751,7 +752,9 @@ impl Agent {
         crate::supervise::read_ms(&signals.deadline).is_some_and(|d| crate::supervise::now_ms() < crate::supervise::term_at(d, grace))
     }
 
-    fn start(&mut self, name: &str, launch: Launch) {
+    /// Starts `name` as `launch` says: the template `version` it is (which
+    /// it reports, running or crashed).
+    fn start(&mut self, name: &str, launch: Launch, version: Option<i64>) {
         if !self.lease_fresh() {
             let inst = self.instances.get_mut(name).expect("started instances exist");
             inst.phase = Phase::Waiting(Some("the node's lease is not renewed (etcd unreachable?); nothing starts until it is".into()));
@@ -808,6 +811,7 @@ impl Agent {
                 inst.cgroup = cgroup;
                 inst.port = port;
                 inst.launch = Some(launch);
+                inst.version = version;
                 inst.phase = Phase::Running;
                 for p in inst.probes.values_mut() {
                     p.healthy = None;
@@ -831,6 +835,7 @@ impl Agent {
                 tracing::warn!(instance = name, error = %why, "cannot start");
                 inst.restarts += 1;
                 inst.launch = Some(launch);
+                inst.version = version;
                 inst.phase = Phase::Crashed { exit: why, retry_at: Instant::now() + crash_backoff(inst.restarts) };
             }
         }
@@ -931,7 +936,14 @@ impl Agent {
         // Only instances placed here: one that moved away is the new node's to report.
         let placed = |name: &String| self.wanted.as_ref().is_some_and(|w| w.contains_key(name));
         for (name, inst) in self.instances.iter().filter(|(name, _)| placed(name)) {
-            let mut field = |f: &str, v: String| put(ObservedKey::instance(node, name, f), v, true);
+            // Only what the contract lets this state carry (crate::keys).
+            let allowed = crate::keys::reported_fields(inst.phase.name()).unwrap_or(&[]);
+            let mut field = |f: &str, v: String| {
+                debug_assert!(allowed.contains(&f), "{f} is not reported in state {}", inst.phase.name());
+                if allowed.contains(&f) {
+                    put(ObservedKey::instance(node, name, f), v, true)
+                }
+            };
             field("service", inst.service.clone());
             field("state", inst.phase.name().into());
             if let Some(image) = &inst.image {
@@ -943,12 +955,16 @@ impl Agent {
                 Phase::Failed(why) | Phase::Waiting(Some(why)) => field("reason", why.clone()),
                 _ => {}
             }
+            // The template version its process runs — or, crashed or
+            // failed, the one it last tried (a crash loop of a new template
+            // is that template's, and stalls its rollout).
+            let tried = matches!(inst.phase, Phase::Crashed { .. } | Phase::Failed(_));
+            if let (Some(v), true) = (inst.version, inst.proc.is_some() || tried) {
+                field("version", v.to_string());
+            }
             if inst.proc.is_some() {
                 field("ip", self.cfg.address.clone());
                 field("port", inst.port.to_string());
-                if let Some(v) = inst.version {
-                    field("version", v.to_string());
-                }
                 if let Some((cpu, mem)) = inst.usage {
                     field("usage/cpu", cpu.to_string());
                     field("usage/memory", mem.to_string());

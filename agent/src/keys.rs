@@ -6,12 +6,32 @@
 //!
 //! ```text
 //! observed/node/N/{cpu,memory,address,alive,heartbeat,ttl,pubkey,label/K}
-//! observed/node/N/instance/I/{service,state,image,ip,port,health,restarts,reason}
+//! observed/node/N/instance/I/{service,state,image,ip,port,health,restarts,reason,version,usage/*}
 //! observed/node/N/probe_state/I/P
 //! observed/node/N/volume/V/size
 //! ```
 
 use std::fmt;
+
+/// What the agent reports of an instance in each state, under
+/// `observed/node/N/instance/I/`: the agent writes nothing else, and rule
+/// tests feed nothing else (`agent/tests/fixtures_contract.rs` holds the
+/// shipped rule tests to it). A process (running, stopping) has an address
+/// and usage; a crash or failure has a reason and the version it last tried.
+pub fn reported_fields(state: &str) -> Option<&'static [&'static str]> {
+    const WITH_PROCESS: &[&str] = &["service", "state", "image", "restarts", "health", "ip", "port", "version", "usage/cpu", "usage/memory"];
+    const CRASHED: &[&str] = &["service", "state", "image", "restarts", "health", "reason", "version"];
+    const WAITING: &[&str] = &["service", "state", "image", "restarts", "health", "reason"];
+    match state {
+        "running" | "stopping" => Some(WITH_PROCESS),
+        "crashed" | "failed" => Some(CRASHED),
+        "waiting" => Some(WAITING),
+        _ => None,
+    }
+}
+
+/// The health the agent reports of an instance (its readiness probe's).
+pub const HEALTH: &[&str] = &["none", "unknown", "healthy", "unhealthy"];
 
 /// A key under `observed/node/N/` for one node N.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
