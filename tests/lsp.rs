@@ -239,9 +239,10 @@ fn definition_references_hover_and_completion_across_files() {
         assert!(text.contains(want), "hover lacks {want:?}:\n{text}");
     }
 
-    // Nothing to say about a variable.
+    // A variable: its type and the atom column that binds it.
     let hover = client.at("textDocument/hover", &up, pos(FIXED, "(n) :-", 1), json!({}));
-    assert!(hover.is_null(), "{hover}");
+    let text = hover["contents"]["value"].as_str().unwrap_or_default();
+    assert!(text.contains("n: name") && text.contains("node(…) column `n`"), "{hover}");
 
     // Completion: relation names with their signature, and the functions.
     let items = client.at("textDocument/completion", &up, pos(FIXED, "node(n).", 0), json!({}));

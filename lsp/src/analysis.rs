@@ -101,6 +101,9 @@ impl Analysis {
         }
         let (word, span) = word_at(self.sources().text(file), offset)?;
         let span = Span::new(file, span.0, span.1);
+        if let Some(text) = self.variable_hover(file, span, word) {
+            return Some((text, span));
+        }
         if let Some(f) = Func::from_name(word) {
             return Some((format!("```\n{}\n```\n{}", function_signature(f), function_doc(f)), span));
         }
@@ -108,6 +111,70 @@ impl Analysis {
             .into_iter()
             .find(|k| k.keyword() == word)
             .map(|k| (format!("```\n{}\n```\nAn aggregate over the rule body's matches (see docs/language.md).", aggregate_signature(k)), span))
+    }
+
+    /// A variable of the rule under the cursor: its type and every atom
+    /// column that binds it (`n: name — node(n) column n`).
+    fn variable_hover(&self, file: usize, span: Span, word: &str) -> Option<String> {
+        let rule = self.files.get(file)?.items.iter().find_map(|i| match i {
+            Item::Rule(r) if r.span.start <= span.start && span.end <= r.span.end => Some(r),
+            _ => None,
+        })?;
+        let is_var = |e: &ast::Expr| matches!(&e.kind, ast::ExprKind::Var(v) if v == word);
+        let mut bound = Vec::new();
+        let atoms = rule.body.iter().filter_map(|b| match b {
+            ast::BodyItem::Pos(a) => Some((a, "")),
+            ast::BodyItem::Neg(a) => Some((a, "not ")),
+            _ => None,
+        });
+        for (atom, not) in atoms.chain(rule.per.iter().map(|a| (a, "per "))) {
+            for (pos, arg) in atom.args.iter().enumerate() {
+                if !is_var(arg) {
+                    continue;
+                }
+                let column = self.column(&atom.relation.name, pos);
+                let (col, ty) = column.map_or(("?".to_string(), "?".to_string()), |(c, t)| (c, t));
+                bound.push((ty, format!("{not}{}(…) column `{col}`", atom.relation.name)));
+            }
+        }
+        let ranged = rule.body.iter().any(|b| matches!(b, ast::BodyItem::Range(v, ..) if v.name == word));
+        if bound.is_empty() && !ranged {
+            let assigned = rule.body.iter().any(|b| matches!(b, ast::BodyItem::Cmp(ast::CmpOp::Eq, l, _, _) if is_var(l)));
+            if !assigned {
+                return None;
+            }
+            return Some(format!(
+                "```
+{word}
+```
+A variable of this rule, bound by `{word} = …`."
+            ));
+        }
+        let ty = if ranged { "int".to_string() } else { bound[0].0.clone() };
+        let mut text = format!(
+            "```
+{word}: {ty}
+```
+A variable of this rule"
+        );
+        if ranged {
+            text += ", bound by a range (`in lo..hi`)";
+        }
+        if !bound.is_empty() {
+            text += &format!(": {}", bound.iter().map(|(_, b)| b.as_str()).collect::<Vec<_>>().join(", "));
+        }
+        Some(text + ".")
+    }
+
+    /// The name and type of column `pos` of relation `name` (a named type by its name).
+    fn column(&self, name: &str, pos: usize) -> Option<(String, String)> {
+        self.files.iter().flat_map(|f| &f.items).find_map(|i| match i {
+            Item::Decl(d) if d.name.name == name => {
+                let c = d.columns.get(pos)?;
+                Some((c.name.name.clone(), c.ty_name.clone().unwrap_or_else(|| format!("{:?}", c.ty).to_lowercase())))
+            }
+            _ => None,
+        })
     }
 
     fn relation_hover(&self, name: &str) -> Option<String> {
@@ -173,6 +240,8 @@ impl Analysis {
             out.push(Completion { label, kind: CompletionKind::Type, detail, doc });
         }
         if in_type_position {
+            let typed = &text[before.len()..start];
+            out.retain(|c| c.label.starts_with(typed));
             return out;
         }
         out.clear();
@@ -201,6 +270,9 @@ impl Analysis {
         for k in KEYWORDS {
             out.push(Completion { label: k.to_string(), kind: CompletionKind::Keyword, detail: String::new(), doc: None });
         }
+        // Only what continues the word being typed.
+        let typed = &text[before.len()..start];
+        out.retain(|c| c.label.starts_with(typed));
         out
     }
 }
@@ -361,5 +433,25 @@ mod tests {
     fn nothing_under_a_variable() {
         let a = analysis(RULES);
         assert!(a.definition(0, RULES.rfind("(n)").unwrap() + 1).is_empty());
+    }
+
+    #[test]
+    fn completion_keeps_only_what_continues_the_word_typed() {
+        let text = format!("{RULES}open(n, 1) :- no");
+        let c = analysis(&text).completions(0, text.len());
+        assert!(!c.is_empty() && c.iter().all(|c| c.label.starts_with("no")), "{c:?}");
+        assert!(c.iter().any(|c| c.label == "node"), "{c:?}");
+        let text = "input node(n: na";
+        let c = analysis(text).completions(0, text.len());
+        assert_eq!(c.iter().map(|c| c.label.as_str()).collect::<Vec<_>>(), ["name"]);
+    }
+
+    #[test]
+    fn hover_on_a_variable_shows_its_type_and_what_binds_it() {
+        let a = analysis(RULES);
+        let at = RULES.rfind("(n)").unwrap() + 1;
+        let (text, _) = a.hover(0, at).expect("a variable hovers");
+        assert!(text.contains("n: name"), "{text}");
+        assert!(text.contains("node(…) column `n`"), "{text}");
     }
 }

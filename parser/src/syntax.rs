@@ -78,7 +78,21 @@ pub fn parse_file(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
             break;
         }
         let doc = doc_above(text, text.len() - rest.len());
-        match p.item(rest, doc) {
+        // `relaton foo(…)`: a keyword mistyped is named with the keyword
+        // meant, and the statement is read as that keyword's, so the names
+        // it declares exist and nothing cascades from it.
+        let parsed = match keyword_typo(rest) {
+            Some((kw, word)) => {
+                let at = text.len() - rest.len();
+                diags.push(
+                    Diagnostic::error("unknown-keyword", Span::new(file, at, at + word.len()), format!("unknown keyword `{word}`"))
+                        .with_help(format!("did you mean `{kw}`?")),
+                );
+                p.item_as(rest, kw, &rest[word.len()..], doc)
+            }
+            None => p.item(rest, doc),
+        };
+        match parsed {
             Ok((r, item)) => {
                 items.push(item);
                 rest = r;
@@ -105,6 +119,39 @@ pub fn parse_file(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
         }
     }
     (File { items }, diags)
+}
+
+/// A statement that starts with two words where a keyword and a name go,
+/// the first near a declaration keyword (`relaton foo(…)`): the keyword meant
+/// and the word written. A rule never starts with two words.
+fn keyword_typo(rest: &str) -> Option<(&'static str, &str)> {
+    let word_end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+    let word = &rest[..word_end];
+    let after = rest[word_end..].trim_start_matches([' ', '\t']);
+    if word.is_empty() || word_end == rest.len() || !rest[word_end..].starts_with([' ', '\t']) || !after.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return None;
+    }
+    const KEYWORDS: [&str; 4] = ["input", "output", "relation", "type"];
+    if KEYWORDS.contains(&word) {
+        return None;
+    }
+    // Edits, with a swap of two neighbours counting as one (`tpye`).
+    let distance = |w: &str, k: &str| {
+        let (a, b): (Vec<char>, Vec<char>) = (w.chars().collect(), k.chars().collect());
+        let swapped =
+            a.len() == b.len() && (0..a.len().saturating_sub(1)).any(|i| a[i] == b[i + 1] && a[i + 1] == b[i] && a[..i] == b[..i] && a[i + 2..] == b[i + 2..]);
+        if swapped {
+            1
+        } else {
+            crate::check::edit_distance(w, k)
+        }
+    };
+    KEYWORDS
+        .into_iter()
+        .map(|k| (distance(&word.to_ascii_lowercase(), k), k))
+        .filter(|(d, k)| *d <= if k.len() <= 4 { 1 } else { 2 })
+        .min()
+        .map(|(_, k)| (k, word))
 }
 
 /// The doc of a statement starting at `at`: the `///` lines right above it
@@ -286,6 +333,27 @@ impl P {
         let span = self.span(i, rest);
         let (rest, _) = self.ws(rest)?;
         Ok((rest, (out, span)))
+    }
+
+    /// A statement whose keyword was mistyped, read as keyword `kw`'s
+    /// (`after`: the text after the mistyped word).
+    fn item_as<'a>(&self, i: &'a str, kw: &str, after: &'a str, doc: Option<String>) -> PResult<'a, Item> {
+        let (after, _) = self.ws(after)?;
+        let kind = match kw {
+            "input" => DeclKind::Input,
+            "output" => DeclKind::Output,
+            "relation" => DeclKind::Relation,
+            _ => {
+                return commit(self.type_decl(i, after)).map(|(r, mut t)| {
+                    t.doc = doc;
+                    (r, Item::Type(t))
+                })
+            }
+        };
+        commit(self.decl(i, after, kind)).map(|(r, mut d)| {
+            d.doc = doc;
+            (r, Item::Decl(d))
+        })
     }
 
     fn item<'a>(&self, i: &'a str, doc: Option<String>) -> PResult<'a, Item> {
