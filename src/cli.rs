@@ -444,7 +444,9 @@ enum AuthAction {
 enum SecretAction {
     /// Reads the value from stdin (exact bytes; never from the command line),
     /// seals it with the cluster key into `secret/value/NAME` and records
-    /// `desired/secret/NAME` (that it exists), in one transaction.
+    /// `desired/secret/NAME` = a fresh random tag of the value, in one
+    /// transaction: the instances granted it roll to the new value within
+    /// their rollout's budget, as to a new image.
     Set {
         name: String,
         #[arg(long, env = "CCATTLER_SECRET_KEY")]
@@ -1433,7 +1435,7 @@ fn secret(action: SecretAction) -> anyhow::Result<ExitCode> {
                 let mut client = ccattler_store::etcd::connect(&cfg).await?;
                 let txn = Txn::new().and_then([
                     TxnOp::put(format!("{}{name}", ccattler_store::layout::SECRET_VALUE), sealed, None),
-                    TxnOp::put(format!("desired/secret/{name}"), "", None),
+                    TxnOp::put(format!("desired/secret/{name}"), ccattler_store::seal::value_tag(), None),
                 ]);
                 let resp = client.txn(txn).await?;
                 anyhow::Ok(resp.header().map_or(0, |h| h.revision()))

@@ -726,7 +726,7 @@ impl Agent {
         let mut secrets = BTreeMap::new();
         for (secret, version) in &spec.secrets {
             match version {
-                Some(v) => secrets.insert(secret.clone(), *v),
+                Some(v) => secrets.insert(secret.clone(), v.clone()),
                 None => return Ok(Err(Some(format!("secret {secret} is not sealed to this node yet")))),
             };
         }

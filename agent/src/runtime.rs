@@ -29,13 +29,37 @@ use std::path::{Path, PathBuf};
 pub struct Launch {
     pub image: String,
     pub config: BTreeMap<String, String>,
-    /// secret → the version of its value (a new version restarts the instance)
-    pub secrets: BTreeMap<String, i64>,
+    /// secret → the version of its value the instance's template pins (a
+    /// new version restarts the instance: it rolls with its template)
+    #[serde(deserialize_with = "versions")]
+    pub secrets: BTreeMap<String, String>,
     /// volume → (host directory, mount path)
     pub volumes: BTreeMap<String, (PathBuf, String)>,
     /// The cgroup limits it runs under (its requests).
     #[serde(default)]
     pub limits: crate::confine::Limits,
+}
+
+/// Secret versions as recorded: strings, or the numbers an agent before
+/// pinned versions recorded (so its instances are adopted, not restarted).
+fn versions<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Version {
+        Text(String),
+        Number(i64),
+    }
+    let raw: BTreeMap<String, Version> = serde::Deserialize::deserialize(d)?;
+    Ok(raw
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Version::Text(s) => s,
+                Version::Number(n) => n.to_string(),
+            };
+            (k, v)
+        })
+        .collect())
 }
 
 #[derive(Debug, thiserror::Error)]

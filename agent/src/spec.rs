@@ -17,9 +17,11 @@ pub struct InstanceSpec {
     pub service: String,
     pub image: Option<String>,
     pub config: BTreeMap<String, String>,
-    /// Granted secrets: name → the version of its value (None while the
-    /// controller has not sealed it to this node yet, or it does not open).
-    pub secrets: BTreeMap<String, Option<i64>>,
+    /// Granted secrets: name → the version of its value the instance's
+    /// template pins (`ccattler secret set` tags each value; a value without
+    /// a tag goes by the version it was sealed at), None while the controller
+    /// has not sealed it to this node yet, or it does not open.
+    pub secrets: BTreeMap<String, Option<String>>,
     pub volumes: BTreeMap<String, VolumeSpec>,
     pub probes: BTreeMap<String, ProbeSpec>,
     /// The version of the template pinned for it (rules/rollout.rules): the
@@ -133,7 +135,8 @@ pub fn assemble(placed: Vec<(String, String)>, view: Vec<(String, String)>, seal
                         spec.config.insert(key.to_string(), v);
                     }
                     ["secret", name] => {
-                        spec.secrets.insert(name.to_string(), secrets.get(*name).map(|(version, _)| *version));
+                        let pinned = secrets.get(*name).map(|(sealed_at, _)| if v.is_empty() { sealed_at.to_string() } else { v.clone() });
+                        spec.secrets.insert(name.to_string(), pinned);
                     }
                     ["volume", vol] => {
                         spec.volumes.insert(vol.to_string(), VolumeSpec { mount: v, persistent: false, size_gib: None });
@@ -212,12 +215,28 @@ mod tests {
         let s = &w.instances["web-0"];
         assert_eq!(s.image.as_deref(), Some("builtin:http"));
         assert_eq!(s.config["LOG"], "debug");
-        assert_eq!(s.secrets, BTreeMap::from([("api".to_string(), None), ("db".to_string(), Some(7))]));
+        // An untagged value goes by the version it was sealed at.
+        assert_eq!(s.secrets, BTreeMap::from([("api".to_string(), None), ("db".to_string(), Some("7".to_string()))]));
         assert_eq!(s.volumes["data"], VolumeSpec { mount: "/data".into(), persistent: true, size_gib: Some(10) });
         assert_eq!(s.probes["readiness"], ProbeSpec { method: Ok(Method::Http("/healthz".into())), interval: Duration::from_secs(5) });
         assert_eq!(s.requests, crate::confine::Limits { cpu_millicores: Some(250), memory_mib: None, pids: None }, "a negative request is no limit");
         assert!(s.probes["liveness"].method.as_ref().unwrap_err().contains("\"ping\""));
         assert_eq!(w.secrets.keys().collect::<Vec<_>>(), ["db"], "only granted secrets that open are kept");
         assert_eq!(w.secrets["db"].1.as_slice(), b"hunter2");
+        // A tagged value goes by the tag its instance's template pins.
+        let w = assemble(
+            kv(&[("web-0", "web")]),
+            kv(&[("instance/web-0/image", "builtin:http"), ("instance/web-0/secret/db", "v-1a2b")]),
+            kv(&[("db", &sealed)]),
+            &key,
+        );
+        assert_eq!(w.instances["web-0"].secrets["db"].as_deref(), Some("v-1a2b"));
+    }
+
+    #[test]
+    fn a_record_of_an_agent_before_pinned_versions_is_still_read() {
+        let old = r#"{"image":"builtin:http","config":{},"secrets":{"db":7},"volumes":{}}"#;
+        let l: crate::runtime::Launch = serde_json::from_str(old).unwrap();
+        assert_eq!(l.secrets["db"], "7");
     }
 }
