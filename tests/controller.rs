@@ -964,3 +964,40 @@ async fn unique_value_churn_releases_interned_strings_and_memory_stays_flat() {
     assert!(last_rss as f64 <= warm_rss as f64 * 1.05 + 8192.0, "resident memory grows with churn: {samples:?}");
     assert!(c.stop().success());
 }
+
+/// `explain` of a placement kept since an earlier round once said only
+/// "kept": it now also shows why its node was chosen when it was placed, from
+/// etcd as the round that wrote it saw it (the derived revision its write
+/// stamped), with the offers and room of that round.
+#[tokio::test]
+async fn explain_of_a_kept_placement_shows_why_its_node_was_chosen_then() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    for (n, cpu) in [("sim-0", "4000"), ("sim-1", "8000")] {
+        let k = |f: &str| format!("observed/node/{n}/{f}");
+        for (key, v) in [(k("cpu"), cpu), (k("memory"), "8192"), (k("alive"), "1"), (k("heartbeat"), "1"), (k("ttl"), "86400")] {
+            etcd.put(key, v, None).await.unwrap();
+        }
+    }
+    etcd.put("desired/service/web/cpu", "1000", None).await.unwrap();
+    etcd.put("intent/user/service/web/instances", "1", None).await.unwrap();
+    let c = Controller::start("explain-kept", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+    let node = get(&mut etcd, "placement/instance/web-0").await.expect("placed");
+    // Later rounds change the cluster; the placement is kept.
+    etcd.put("intent/user/service/api/instances", "2", None).await.unwrap();
+    settled(&c, &mut etcd, T).await;
+    let rules = shipped_rules();
+    let out = ccattler(&["explain", "placement/instance/web-0", "--etcd", &etcd_url(), "--rules", rules.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("kept("), "held because kept now: {text}");
+    let then = text.split("# when it was placed").nth(1).unwrap_or_else(|| panic!("no origin section: {text}"));
+    assert!(then.contains("derived from revision"), "{text}");
+    assert!(then.contains("assign") && then.contains(&format!("offer(\"{node}\"")), "the round's offer for {node}: {then}");
+    let json = ccattler(&["explain", "placement/instance/web-0", "--etcd", &etcd_url(), "--rules", rules.to_str().unwrap(), "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(v["placed"]["derived_at"].as_i64().is_some(), "{v}");
+    assert_eq!(v["placed"]["explanation"]["holds"], true, "{v}");
+    assert!(c.stop().success());
+}
