@@ -1,6 +1,11 @@
 //! `ccattler`: argument parsing and wiring over the library crates.
 
 mod cli;
+mod commands;
+mod common;
+mod etcd_args;
+mod prelude;
+mod rules_io;
 
 /// mimalloc instead of glibc's malloc: with millions of small rows, glibc
 /// spends much of `explain`'s and the engine's time consolidating free
