@@ -295,6 +295,16 @@ pub(crate) enum Command {
     /// definition, references, hover, completion): point an editor's LSP
     /// client at `ccattler lsp`; see editors/README.md.
     Lsp,
+    /// Shell completions for bash, zsh or fish, from the command definitions:
+    /// `ccattler completions bash > /etc/bash_completion.d/ccattler`.
+    Completions { shell: clap_complete::Shell },
+    /// Man pages (roff), from the command definitions: one for `ccattler`
+    /// and one per command (`ccattler-apply.1`, …) written into DIR.
+    Man {
+        /// Where to write the pages (created if missing).
+        #[arg(long, default_value = "man")]
+        dir: PathBuf,
+    },
     /// Evaluate the rules offline over a facts file; print every derived fact.
     Eval {
         /// Facts file: one `KEY = VALUE` a line.
@@ -522,6 +532,8 @@ pub fn main() -> ExitCode {
         },
         Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
         Command::Describe { what, rules, format } => describe(what.as_deref(), &rules, format),
+        Command::Completions { shell } => completions(shell),
+        Command::Man { dir } => man(&dir),
         Command::Lsp => ccattler_lsp::run_stdio().map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from),
         Command::Test { paths, rules, run, format } => test(paths, &rules, run.as_deref(), format),
     };

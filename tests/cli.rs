@@ -515,3 +515,25 @@ fn mutation_without_the_apart_rule_breaks_same_round_anti_affinity() {
     let out = ccattler(&["test", "rules/tests/spread.test", "--run", "placed in one round"]);
     assert!(out.status.success(), "{}", text(&out.stdout));
 }
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_definitions() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = ccattler(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let script = text(&out.stdout);
+        assert!(script.contains("ccattler") && script.contains("explain") && script.contains("why-not"), "{shell}: {script}");
+    }
+    // The bash script parses.
+    let dir = tempdir("completions");
+    let bash = dir.join("ccattler.bash");
+    std::fs::write(&bash, ccattler(&["completions", "bash"]).stdout).unwrap();
+    assert!(std::process::Command::new("bash").arg("-n").arg(&bash).status().unwrap().success());
+    let man = dir.join("man");
+    let out = ccattler(&["man", "--dir", man.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let drain = std::fs::read_to_string(man.join("ccattler-node-drain.1")).expect("a page per nested command");
+    assert!(drain.contains("ccattler node drain") && drain.contains("\\-\\-wait"), "{drain}");
+    assert!(man.join("ccattler.1").exists() && man.join("ccattler-apply.1").exists());
+    assert!(!man.join("ccattler-supervise.1").exists(), "internal commands have no page");
+}

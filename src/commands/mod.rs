@@ -8,6 +8,7 @@ pub(crate) mod autoscaler;
 pub(crate) mod check;
 pub(crate) mod controller;
 pub(crate) mod describe;
+pub(crate) mod docs;
 pub(crate) mod eval;
 pub(crate) mod explain;
 pub(crate) mod get;
