@@ -193,7 +193,7 @@ pub(crate) enum Command {
     },
     /// Write a facts file as the user: only keys under `desired/` and `intent/user/`.
     Apply {
-        /// Facts file: one `KEY = VALUE` a line.
+        /// Facts file: one `KEY = VALUE` a line, or `- KEY` to delete it.
         file: PathBuf,
         /// Write as another intent writer (e.g. `autoscaler`): only `intent/<writer>/`.
         #[arg(long, default_value = "user")]
@@ -201,6 +201,20 @@ pub(crate) enum Command {
         /// The rules every key and value is checked against before anything is written.
         #[arg(long, default_value = "rules")]
         rules: Vec<PathBuf>,
+        /// Write keys no rule reads too (otherwise each is an error: a typo, most likely).
+        #[arg(long)]
+        allow_unknown: bool,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// Delete keys under the writer's own prefixes, in one transaction; a key
+    /// that does not exist is named and nothing is deleted.
+    Delete {
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// Delete as another intent writer (e.g. `autoscaler`): only `intent/<writer>/`.
+        #[arg(long, default_value = "user")]
+        writer: String,
         #[command(flatten)]
         etcd: EtcdArgs,
     },
@@ -524,7 +538,8 @@ pub fn main() -> ExitCode {
         Command::Secret { action } => secret(action),
         Command::Plan { etcd, rules, with: Some(with), facts } => what_if(&etcd, &rules, &with, facts.as_deref()),
         Command::Plan { etcd, rules, with: None, .. } => plan(&etcd, &rules),
-        Command::Apply { file, writer, rules, etcd } => apply(&file, &writer, &rules, &etcd),
+        Command::Apply { file, writer, rules, allow_unknown, etcd } => apply(&file, &writer, &rules, allow_unknown, &etcd),
+        Command::Delete { keys, writer, etcd } => delete(&keys, &writer, &etcd),
         Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
         Command::Explain { key, why_not, facts, controller, revision, etcd, rules, depth, format } => match controller {
             Some(url) => explain_served(&url, &key, why_not, depth, format),

@@ -566,14 +566,37 @@ async fn apply_writes_user_facts_only_and_get_reads_them() {
         assert!(err.contains(needle), "{needle}: {err}");
     }
     assert_eq!(revision(&mut etcd).await, before, "a file with a bad value writes nothing");
-    // A typo is written (no rule reads it yet) but warned about, with the key meant.
+    // A typo is an error, with the key meant; --allow-unknown writes it
+    // anyway (a key for rules not deployed yet), with the warning.
     let typo = dir.join("typo.facts");
     std::fs::write(&typo, "desired/servce/web/image = nginx:1.29\n").unwrap();
+    let before = revision(&mut etcd).await;
     let out = ccattler(&["apply", typo.to_str().unwrap(), "--etcd", &etcd_url()]);
-    assert!(out.status.success());
+    assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no rule reads desired/servce/web/image; did you mean desired/service/web/image?"), "{err}");
-    etcd.delete("desired/servce/web/image", None).await.unwrap();
+    assert!(err.contains("typo.facts:1: no rule reads desired/servce/web/image; did you mean desired/service/web/image?"), "{err}");
+    assert_eq!(revision(&mut etcd).await, before, "a typo writes nothing");
+    let out = ccattler(&["apply", typo.to_str().unwrap(), "--allow-unknown", "--etcd", &etcd_url()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning:"));
+    // … and `- KEY` in a file, or `ccattler delete KEY`, takes it away.
+    let undo = dir.join("undo.facts");
+    std::fs::write(&undo, "- desired/servce/web/image\n").unwrap();
+    let out = ccattler(&["apply", undo.to_str().unwrap(), "--etcd", &etcd_url()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0 fact(s) and 1 delete(s)"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(get(&mut etcd, "desired/servce/web/image").await, None);
+    etcd.put("desired/config/web/OLD", "x", None).await.unwrap();
+    let out = ccattler(&["delete", "desired/config/web/OLD", "desired/config/web/NOPE", "--etcd", &etcd_url()]);
+    assert_eq!(out.status.code(), Some(1), "a missing key: nothing deleted");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("desired/config/web/NOPE: no such key"));
+    assert_eq!(get(&mut etcd, "desired/config/web/OLD").await.as_deref(), Some("x"));
+    let out = ccattler(&["delete", "observed/node/n1/alive", "--etcd", &etcd_url()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("observed/node/n1/alive is not under desired/ or intent/user/"));
+    let out = ccattler(&["delete", "desired/config/web/OLD", "--etcd", &etcd_url()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(get(&mut etcd, "desired/config/web/OLD").await, None);
 
     // Another writer writes only its own intent prefix.
     let auto = dir.join("auto.facts");
