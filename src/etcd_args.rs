@@ -8,29 +8,29 @@ use crate::prelude::*;
 #[derive(clap::Args, Clone)]
 pub(crate) struct EtcdArgs {
     /// etcd endpoint(s), comma-separated.
-    #[arg(long, env = "CCATTLER_ETCD", default_value = "http://127.0.0.1:2379", value_delimiter = ',', help_heading = "Connection (etcd)")]
+    #[arg(long, env = "CCATTLER_ETCD", default_value = "http://127.0.0.1:2379", value_delimiter = ',', help_heading = "Connection (etcd)", global = true)]
     pub(crate) etcd: Vec<String>,
     /// etcd user (with --etcd-password) when auth is on.
-    #[arg(long, env = "CCATTLER_ETCD_USER", help_heading = "Connection (etcd)")]
+    #[arg(long, env = "CCATTLER_ETCD_USER", help_heading = "Connection (etcd)", global = true)]
     pub(crate) etcd_user: Option<String>,
     /// etcd password (with --etcd-user).
-    #[arg(long, env = "CCATTLER_ETCD_PASSWORD", hide_env_values = true, help_heading = "Connection (etcd)")]
+    #[arg(long, env = "CCATTLER_ETCD_PASSWORD", hide_env_values = true, help_heading = "Connection (etcd)", global = true)]
     pub(crate) etcd_password: Option<String>,
     /// A credentials file (`NAME:PASSWORD` lines, mode 0600, written by
     /// `ccattler auth`): connect as the user named by --as.
-    #[arg(long, env = "CCATTLER_CREDENTIALS", conflicts_with_all = ["etcd_user", "etcd_password"], help_heading = "Connection (etcd)")]
+    #[arg(long, env = "CCATTLER_CREDENTIALS", conflicts_with_all = ["etcd_user", "etcd_password"], help_heading = "Connection (etcd)", global = true)]
     pub(crate) credentials: Option<PathBuf>,
     /// The user of --credentials to connect as (root, controller, user, autoscaler, agent-NODE).
-    #[arg(long = "as", env = "CCATTLER_AS", requires = "credentials", help_heading = "Connection (etcd)")]
+    #[arg(long = "as", env = "CCATTLER_AS", requires = "credentials", help_heading = "Connection (etcd)", global = true)]
     pub(crate) as_user: Option<String>,
     /// PEM file of the CA that signed etcd's certificate (for https:// endpoints).
-    #[arg(long, env = "CCATTLER_ETCD_CA", help_heading = "Connection (etcd)")]
+    #[arg(long, env = "CCATTLER_ETCD_CA", help_heading = "Connection (etcd)", global = true)]
     pub(crate) etcd_ca: Option<PathBuf>,
     /// PEM client certificate (with --etcd-key) when etcd asks for one.
-    #[arg(long, env = "CCATTLER_ETCD_CERT", help_heading = "Connection (etcd)")]
+    #[arg(long, env = "CCATTLER_ETCD_CERT", help_heading = "Connection (etcd)", global = true)]
     pub(crate) etcd_cert: Option<PathBuf>,
     /// PEM key of the client certificate.
-    #[arg(long, env = "CCATTLER_ETCD_KEY", help_heading = "Connection (etcd)")]
+    #[arg(long, env = "CCATTLER_ETCD_KEY", help_heading = "Connection (etcd)", global = true)]
     pub(crate) etcd_key: Option<PathBuf>,
 }
 

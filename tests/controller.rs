@@ -1024,3 +1024,43 @@ async fn explain_of_a_kept_placement_shows_why_its_node_was_chosen_then() {
     assert_eq!(v["placed"]["explanation"]["holds"], true, "{v}");
     assert!(c.stop().success());
 }
+
+/// `node cordon` of a node that does not exist once succeeded and `drain
+/// --wait` waited out its timeout; `uncordon` of one never cordoned claimed
+/// success; `drain --wait` reported success while an instance it moved had
+/// nowhere to go.
+#[tokio::test]
+async fn node_commands_name_unknown_nodes_and_drain_reports_what_found_no_place() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    for (n, cpu) in [("sim-0", "1000"), ("sim-1", "1000")] {
+        let k = |f: &str| format!("observed/node/{n}/{f}");
+        for (key, v) in [(k("cpu"), cpu), (k("memory"), "8192"), (k("alive"), "1"), (k("heartbeat"), "1"), (k("ttl"), "86400")] {
+            etcd.put(key, v, None).await.unwrap();
+        }
+    }
+    // Two instances of 800 millicores: one per node, no room for a second anywhere.
+    etcd.put("desired/service/big/cpu", "800", None).await.unwrap();
+    // (No agent serves them: a budget of 0 lets the drain move them.)
+    etcd.put("desired/service/big/min_available", "0", None).await.unwrap();
+    etcd.put("intent/user/service/big/instances", "2", None).await.unwrap();
+    let c = Controller::start("node-cmds", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+    let out = ccattler(&["node", "cordon", "sim-9", "--etcd", &etcd_url()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no node sim-9; did you mean sim-0?") && err.contains("nothing changed"), "{err}");
+    assert_eq!(get(&mut etcd, "desired/node/sim-9/cordon").await, None);
+    let out = ccattler(&["node", "uncordon", "sim-1", "--etcd", &etcd_url()]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("was neither cordoned nor draining"), "{}", String::from_utf8_lossy(&out.stdout));
+    let on_zero = keys(&mut etcd, "placement/node/sim-0/").await;
+    assert_eq!(on_zero.len(), 1, "{on_zero:?}");
+    let out = ccattler(&["node", "drain", "sim-0", "--wait", "30", "--etcd", &etcd_url()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("sim-0: drained, but 1 instance(s) it ran have nowhere to go"), "{stdout}");
+    let out = ccattler(&["node", "uncordon", "sim-0", "--etcd", &etcd_url()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("sim-0: uncordoned"));
+    assert!(c.stop().success());
+}
