@@ -555,7 +555,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::etcd_args::describe(&e));
             ExitCode::from(2)
         }
     }

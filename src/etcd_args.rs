@@ -3,6 +3,17 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+/// The connection a command used, to describe an etcd error it returns.
+pub(crate) static USED: std::sync::OnceLock<ccattler_store::EtcdConfig> = std::sync::OnceLock::new();
+
+/// An error for a person: an etcd error with the endpoint, the user and a hint.
+pub(crate) fn describe(e: &anyhow::Error) -> String {
+    match (e.downcast_ref::<etcd_client::Error>(), USED.get()) {
+        (Some(etcd), Some(cfg)) => ccattler_store::etcd::describe_error(etcd, cfg),
+        _ => format!("{e:#}"),
+    }
+}
+
 /// How to reach etcd (shared by every command that talks to it), under a
 /// heading of their own in `--help`, after the command's own flags.
 #[derive(clap::Args, Clone)]
@@ -63,6 +74,9 @@ impl EtcdArgs {
         });
         // A missing or unreadable file is named now, not at connect time.
         let tls = files.map(|f| f.options()).transpose()?;
-        Ok(ccattler_store::EtcdConfig { endpoints: self.etcd.clone(), user, tls })
+        let cfg = ccattler_store::EtcdConfig { endpoints: self.etcd.clone(), user, tls };
+        // For an etcd error that reaches `main` (crate::cli): where and as whom.
+        let _ = USED.set(cfg.clone());
+        Ok(cfg)
     }
 }

@@ -1064,3 +1064,56 @@ async fn node_commands_name_unknown_nodes_and_drain_reports_what_found_no_place(
     assert!(String::from_utf8_lossy(&out.stdout).contains("sim-0: uncordoned"));
     assert!(c.stop().success());
 }
+
+/// etcd errors once came out as raw gRPC dumps naming neither the URL nor the
+/// user; an agent with a wrong password printed nothing and the controller
+/// called it "unreachable" and retried for ever. Each now names where, as
+/// whom, and what to do; wrong credentials at start stop the daemons.
+#[tokio::test]
+async fn etcd_errors_name_the_url_and_user_and_wrong_credentials_stop_the_daemons() {
+    let _serial = serial();
+    let _etcd = fresh_etcd().await;
+    let url = etcd_url();
+    let bare =
+        |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_ccattler")).args(args).env_remove("CCATTLER_CREDENTIALS").env_remove("CCATTLER_AS").output().unwrap();
+    let out = bare(&["get", "desired/", "--etcd", &url, "--etcd-user", "user", "--etcd-password", "wrong"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains(&format!("etcd at {url} refused the password of user user")) && err.contains("ccattler auth rotate user"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["get", "desired/", "--etcd", &url])
+        .env_remove("CCATTLER_CREDENTIALS")
+        .env_remove("CCATTLER_AS")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("etcd at {url} has auth on and no user was given")), "{err}");
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let out = ccattler(&["get", "desired/", "--etcd", &dead]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot reach etcd at {dead} (as user user)")), "{err}");
+
+    // The agent and the controller, with a wrong password: exit non-zero at once, saying why.
+    let dir = fresh_dir("wrong-password");
+    let agent = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["agent", "--node", "nobody", "--cpu", "1000", "--memory", "1000", "--address", "127.0.0.1", "--state-dir"])
+        .arg(dir.join("agent"))
+        .args(["--etcd", &url, "--etcd-user", "agent-nobody", "--etcd-password", "wrong"])
+        .env_remove("CCATTLER_CREDENTIALS")
+        .env_remove("CCATTLER_AS")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&agent.stderr);
+    assert!(!agent.status.success(), "{err}");
+    assert!(err.contains("refused the password of user agent-nobody"), "{err}");
+    let controller = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["controller", "--listen", &format!("127.0.0.1:{}", free_port()), "--etcd", &url, "--etcd-user", "controller", "--etcd-password", "wrong"])
+        .args(["--rules", shipped_rules().to_str().unwrap()])
+        .env_remove("CCATTLER_CREDENTIALS")
+        .env_remove("CCATTLER_AS")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&controller.stderr);
+    assert!(!controller.status.success(), "{err}");
+    assert!(err.contains("refused the password of user controller"), "{err}");
+}

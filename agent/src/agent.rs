@@ -54,6 +54,9 @@ pub struct AgentConfig {
 pub enum AgentError {
     #[error(transparent)]
     State(#[from] StateError),
+    /// etcd refused the agent's credentials at start: retrying them cannot help.
+    #[error("{0}")]
+    Credentials(String),
     #[error("--node {0:?} is not a name ([a-z0-9]([a-z0-9._-]*[a-z0-9])?, at most 63 characters)")]
     Node(String),
     #[error("--label {0:?}: {1}")]
@@ -263,6 +266,12 @@ pub struct Agent {
     volumes: BTreeSet<String>,
     conn: Option<Conn>,
     next_connect: Instant,
+    /// Whether it ever registered (credentials then known good).
+    registered: bool,
+    /// The last connect failure logged (each new one is, once).
+    last_failure: Option<String>,
+    /// etcd refused the credentials before the agent ever registered.
+    refused: Option<String>,
     /// The cgroup hierarchies instances are confined in.
     cgroups: crate::confine::Cgroups,
     backoff: Duration,
@@ -345,6 +354,9 @@ impl Agent {
             view_error: None,
             volumes: BTreeSet::new(),
             conn: None,
+            registered: false,
+            last_failure: None,
+            refused: None,
             next_connect: Instant::now(),
             backoff: Duration::from_millis(250),
             generation: 0,
@@ -419,6 +431,9 @@ impl Agent {
             if self.conn.is_none() && Instant::now() >= self.next_connect {
                 self.connect().await;
                 dirty = true;
+                if let Some(why) = self.refused.take() {
+                    return Err(AgentError::Credentials(why));
+                }
             }
             if self.conn.is_some() && (dirty || Instant::now() >= next_resync) {
                 next_resync = Instant::now() + self.cfg.resync;
@@ -450,10 +465,25 @@ impl Agent {
         match self.try_connect().await {
             Ok(conn) => {
                 tracing::info!(node = %self.cfg.node, lease = conn.lease, "registered with etcd");
+                self.registered = true;
+                self.last_failure = None;
                 self.backoff = Duration::from_millis(250);
                 self.conn = Some(conn);
             }
-            Err(e) => self.lost(&format!("connect: {e}")),
+            Err(e) => {
+                let why = ccattler_store::etcd::describe_error(&e, &self.cfg.etcd);
+                // Wrong credentials before the agent ever registered: say so
+                // and stop (a supervisor restarts it once they are fixed).
+                if !self.registered && ccattler_store::etcd::is_denied_credentials(&e) {
+                    self.refused = Some(why);
+                    return;
+                }
+                if self.conn.is_none() && self.last_failure.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(reason = %why, "cannot connect to etcd; retrying");
+                    self.last_failure = Some(why.clone());
+                }
+                self.lost(&format!("connect: {why}"))
+            }
         }
     }
 

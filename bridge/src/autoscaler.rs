@@ -70,7 +70,7 @@ pub async fn run(cfg: AutoscalerConfig, mut stop: tokio::sync::watch::Receiver<b
             match campaign(&cfg, &mut client, &mut judge).await {
                 Ok(l) => leading = l,
                 Err(e) => {
-                    warn!(error = %e, "etcd unreachable; retrying");
+                    warn!(reason = %etcd::describe_error(&e, &cfg.etcd), "cannot reach etcd or campaign; retrying");
                     client = None;
                 }
             }

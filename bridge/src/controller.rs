@@ -57,6 +57,10 @@ pub enum ControllerError {
     Io(#[from] std::io::Error),
     #[error("--secret-key: {0}")]
     SecretKey(#[from] ccattler_store::seal::SealError),
+    /// etcd refused the controller's credentials before it ever read a
+    /// snapshot: retrying them cannot help.
+    #[error("{0}")]
+    Credentials(String),
 }
 
 /// State the HTTP endpoints read.
@@ -361,6 +365,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     // until etcd's alarm list says the alarm is gone.
     let mut nospace_since: Option<Instant> = None;
     let mut backoff = Duration::from_millis(100);
+    // Whether a snapshot was ever read (credentials then known good).
+    let mut ever_loaded = false;
     // One op of each list is the fence / derived revision.
     let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
 
@@ -381,8 +387,18 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             Ok(c) => c,
             Err(Fault::Fatal(e)) => return Err(e),
             Err(Fault::Retry(e)) => {
-                warn!(error = %e, "etcd unreachable or snapshot failed; retrying in {backoff:?}");
-                shared.health.no_progress(format!("etcd unreachable or the snapshot failed: {e}"));
+                let why = etcd::describe_error(&e, &cfg.etcd);
+                // Denied is not unreachable: wrong credentials at start stop
+                // the controller (its supervisor restarts it once fixed).
+                if etcd::is_denied_credentials(&e) && !ever_loaded {
+                    return Err(ControllerError::Credentials(why));
+                }
+                if etcd::is_denied_credentials(&e) {
+                    error!(reason = %why, "etcd refuses the controller's credentials; retrying in {backoff:?}");
+                } else {
+                    warn!(reason = %why, "etcd unreachable or the snapshot failed; retrying in {backoff:?}");
+                }
+                shared.health.no_progress(why);
                 if fresh {
                     reconciler = None; // it may hold part of the snapshot
                 }
@@ -394,6 +410,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             }
         };
         let r = reconciler.as_mut().expect("the snapshot was loaded into it");
+        ever_loaded = true;
         info!(revision = rev, keys, seconds = t.elapsed().as_secs_f64(), "snapshot loaded");
         // (A snapshot is no progress: a controller that reconnects over and
         // over writes nothing.)

@@ -275,6 +275,52 @@ pub fn is_nospace(e: &EtcdError) -> bool {
     text.contains("database space exceeded") || text.contains("etcdserver: no space")
 }
 
+/// What went wrong with etcd, for a person: which endpoint, which user, and
+/// what to do about it (the raw error after it).
+pub fn describe_error(e: &EtcdError, cfg: &EtcdConfig) -> String {
+    let url = cfg.endpoints.join(",");
+    let user = cfg.user.as_ref().map(|(u, _)| u.as_str());
+    let who = user.map_or("no user".to_string(), |u| format!("user {u}"));
+    let text = e.to_string();
+    let has = |s: &str| text.contains(s);
+    let hint = if has("authentication failed") || has("invalid user ID or password") {
+        format!("etcd at {url} refused the password of {who}: check --credentials FILE and --as NAME (or --etcd-user/--etcd-password); as root, `ccattler auth rotate {}` gives it a new one", user.unwrap_or("NAME"))
+    } else if has("authentication is not enabled") {
+        format!("etcd at {url} has auth off, but {who} was given: drop the user, or turn auth on with `ccattler auth bootstrap`")
+    } else if has("user name is empty") {
+        format!("etcd at {url} has auth on and no user was given: pass --credentials FILE --as NAME (or --etcd-user and --etcd-password)")
+    } else if is_stale_auth(e) {
+        format!("etcd at {url}: the auth token of {who} is stale (users or roles changed): try again")
+    } else if permanent_refusal(e).is_some_and(|w| w.starts_with("permission denied")) {
+        format!("etcd at {url} denied {who}: each role reads and writes only its own prefixes (DESIGN §6; `ccattler auth` made them)")
+    } else if has("tls handshake eof") || has("InvalidContentType") || has("corrupt message") {
+        format!("TLS with etcd at {url} failed: it does not seem to speak TLS (use http://), or the port is not etcd's")
+    } else if has("certificate") || has("UnknownIssuer") || has("tls") {
+        format!("TLS with etcd at {url} failed: pass --etcd-ca with the CA that signed its certificate (and --etcd-cert/--etcd-key if it asks for a client certificate)")
+    } else if has("tcp connect error")
+        || has("Connection refused")
+        || has("transport error")
+        || has("dns error")
+        || has("timed out")
+        || has("deadline has elapsed")
+    {
+        format!("cannot reach etcd at {url} (as {who}): is it running, and is --etcd (env CCATTLER_ETCD) right?")
+    } else {
+        format!("etcd at {url} (as {who})")
+    };
+    format!("{hint}\n  ({text})")
+}
+
+/// Whether an error says the credentials are wrong (not that etcd is away):
+/// retrying them cannot help.
+pub fn is_denied_credentials(e: &EtcdError) -> bool {
+    let text = e.to_string();
+    text.contains("authentication failed")
+        || text.contains("invalid user ID or password")
+        || text.contains("user name is empty")
+        || text.contains("authentication is not enabled")
+}
+
 /// Whether a response was over the gRPC message size limit.
 fn is_too_large(e: &EtcdError) -> bool {
     let text = e.to_string();
