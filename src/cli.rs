@@ -218,6 +218,23 @@ pub(crate) enum Command {
         #[command(flatten)]
         etcd: EtcdArgs,
     },
+    /// The cluster as tables, as `kubectl get` and `nomad status` print them:
+    /// a summary, or nodes, services, instances, pending instances (with
+    /// why) or rollouts.
+    Status {
+        #[arg(value_enum)]
+        view: Option<View>,
+        /// Follow the cluster: redraw whenever it changes.
+        #[arg(long)]
+        watch: bool,
+        /// `-o wide`: more columns.
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<Output>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
     /// Read facts under a prefix, sorted.
     Get {
         /// Key prefix (e.g. `effective/service/web/`); empty for everything.
@@ -541,6 +558,7 @@ pub fn main() -> ExitCode {
         Command::Apply { file, writer, rules, allow_unknown, etcd } => apply(&file, &writer, &rules, allow_unknown, &etcd),
         Command::Delete { keys, writer, etcd } => delete(&keys, &writer, &etcd),
         Command::Get { prefix, etcd, format } => get(&prefix, &etcd, format),
+        Command::Status { view, watch, output, format, etcd } => status(view, watch, output, format, &etcd),
         Command::Explain { key, why_not, facts, controller, revision, etcd, rules, depth, format } => match controller {
             Some(url) => explain_served(&url, &key, why_not, depth, format),
             None => explain(&key, why_not, facts.as_deref(), revision, &etcd, &rules, depth, format),

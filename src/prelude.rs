@@ -4,7 +4,7 @@
 pub(crate) use crate::cli::*;
 pub(crate) use crate::commands::{
     agent::*, apply::*, auth::*, autoscaler::*, check::*, controller::*, describe::*, docs::*, eval::*, explain::*, get::*, node::*, plan::*, rollout::*,
-    secret::*, test::*,
+    secret::*, status::*, test::*,
 };
 pub(crate) use crate::common::*;
 pub(crate) use crate::etcd_args::EtcdArgs;

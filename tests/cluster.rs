@@ -8,7 +8,7 @@ use common::*;
 use etcd_client::{Client, EventType, WatchOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -776,4 +776,75 @@ async fn load_scales_a_service_up_and_its_end_scales_it_down_after_the_window() 
     // usage sample that saw the load: at the earliest one autoscaler period
     // (1 s) before the load stopped.
     assert!(quiet.elapsed() >= Duration::from_secs(4), "not before the 5 s window: {:?}", quiet.elapsed());
+}
+
+/// `ccattler status` against a live cluster: the tables an operator reads
+/// (they once came from an awk script of the demo's), and `--watch`
+/// redrawing when a node dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_prints_the_cluster_as_tables_and_watch_follows_a_node_dying() {
+    let _serial = serial();
+    let (mut etcd, (_c, mut agents)) = six_web_instances_behind_a_probe("status", "builtin:http").await;
+    etcd.put("desired/service/huge/cpu", "100000", None).await.unwrap();
+    etcd.put("intent/user/service/huge/instances", "1", None).await.unwrap();
+    wait_for("huge-0 waits", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "status/unplaced/huge-0").await.is_some() }
+    })
+    .await;
+    let run = |args: &[&str]| {
+        let out = ccattler_as("user", args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let nodes = run(&["status", "nodes", "-o", "wide"]);
+    assert!(nodes.starts_with("NAME") && nodes.contains("ADDRESS"), "{nodes}");
+    for n in 1..=3 {
+        let line = nodes.lines().find(|l| l.starts_with(&format!("node-{n} "))).unwrap_or_else(|| panic!("node-{n}: {nodes}"));
+        assert!(line.contains("ready") && line.contains("200/4000") && line.contains(&format!("127.0.0.{}", 10 + n)), "{line}");
+    }
+    let services = run(&["status", "services"]);
+    let web = services.lines().find(|l| l.starts_with("web ")).unwrap_or_else(|| panic!("{services}"));
+    assert_eq!(web.split_whitespace().collect::<Vec<_>>(), ["web", "6", "6", "6", "6", "complete"], "{services}");
+    let pending = run(&["status", "pending"]);
+    assert!(pending.contains("huge-0") && pending.contains("huge"), "{pending}");
+    let json: serde_json::Value = serde_json::from_str(&run(&["status", "instances", "--format", "json"])).unwrap();
+    assert_eq!(json["tables"][0]["rows"].as_array().unwrap().len(), 7, "{json}");
+    let summary = run(&["status"]);
+    assert!(summary.contains("3 ready") && summary.contains("6 running"), "{summary}");
+
+    // --watch redraws when the cluster changes: node-3's agent dies.
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["status", "nodes", "--watch"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("CCATTLER_CREDENTIALS", credentials())
+        .env("CCATTLER_AS", "user")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                seen.lock().unwrap().push_str(&(line + "\n"));
+            }
+        })
+    };
+    wait_for("the first table", T, || {
+        let seen = seen.clone();
+        async move { seen.lock().unwrap().contains("node-3") }
+    })
+    .await;
+    agents[2].kill_9();
+    wait_for("node-3 shown unreachable without a rerun", Duration::from_secs(TTL + 10), || {
+        let seen = seen.clone();
+        async move { seen.lock().unwrap().lines().any(|l| l.starts_with("node-3 ") && l.contains("unreachable")) }
+    })
+    .await;
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let _ = reader.join();
 }

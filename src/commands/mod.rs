@@ -16,4 +16,5 @@ pub(crate) mod node;
 pub(crate) mod plan;
 pub(crate) mod rollout;
 pub(crate) mod secret;
+pub(crate) mod status;
 pub(crate) mod test;
