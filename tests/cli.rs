@@ -537,3 +537,14 @@ fn completions_and_man_pages_come_from_the_command_definitions() {
     assert!(man.join("ccattler.1").exists() && man.join("ccattler-apply.1").exists());
     assert!(!man.join("ccattler-supervise.1").exists(), "internal commands have no page");
 }
+
+/// `ccattler get nodes` once read a prefix named `nodes` and answered
+/// "permission denied": a prefix outside every namespace is named, with the
+/// table meant (no etcd is asked).
+#[test]
+fn get_of_a_word_that_is_no_key_prefix_points_at_status() {
+    let out = ccattler(&["get", "nodes", "--etcd", "http://127.0.0.1:1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("\"nodes\" is not a key prefix") && err.contains("ccattler status nodes"), "{err}");
+}

@@ -3,7 +3,19 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+/// The namespaces keys live in (DESIGN §2).
+const NAMESPACES: [&str; 8] = ["desired/", "intent/", "observed/", "effective/", "placement/", "endpoint/", "status/", "secret/"];
+
 pub(crate) fn get(prefix: &str, etcd: &EtcdArgs, format: Format) -> anyhow::Result<ExitCode> {
+    // `ccattler get nodes` read a prefix named `nodes` and answered
+    // "permission denied": a prefix outside every namespace is named, with
+    // the command meant.
+    if !prefix.is_empty() && !NAMESPACES.iter().any(|ns| prefix.starts_with(ns) || ns.starts_with(prefix)) {
+        let view = ["nodes", "services", "instances", "pending", "rollouts"].into_iter().find(|v| prefix.trim_end_matches('/') == *v || v.starts_with(prefix));
+        let hint = view.map(|v| format!("; for a table, `ccattler status {v}`")).unwrap_or_default();
+        eprintln!("error: {prefix:?} is not a key prefix: keys start with {}{hint}", NAMESPACES.join(", "));
+        return Ok(ExitCode::from(2));
+    }
     let cfg = etcd.config()?;
     let (rev, kvs) = runtime()?.block_on(async {
         let mut client = ccattler_store::etcd::connect(&cfg).await?;
@@ -27,6 +39,9 @@ pub(crate) fn get(prefix: &str, etcd: &EtcdArgs, format: Format) -> anyhow::Resu
             other => anyhow::Ok(other?),
         }
     })?;
+    if kvs.is_empty() && format == Format::Text {
+        eprintln!("no keys under {prefix:?} at revision {rev}");
+    }
     match format {
         Format::Text => {
             for (k, h) in &kvs {
