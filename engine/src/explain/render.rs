@@ -4,8 +4,31 @@ use super::whynot::{names, AssignWhyNot, WhyNot};
 use super::{Explanation, How, Node, Premise};
 use std::fmt::Write;
 
+/// The one-line verdict of a why-not, when it has one: the first built-in
+/// summary in the tree (`0/3 nodes can take huge-0 — fits nowhere`), or the
+/// preemption's first reason. Shown first, before the derivation.
+pub fn verdict(e: &Explanation) -> Option<String> {
+    fn find(w: &WhyNot) -> Option<String> {
+        if let Some(a) = &w.assign {
+            if a.reasons.iter().all(|r| r.count > 0) && a.nodes > 0 {
+                let verdict = if a.verdict.is_empty() { String::new() } else { format!(" — {}", a.verdict) };
+                return Some(format!("{}/{} nodes can take {}{verdict}", a.fit, a.nodes, a.instance));
+            }
+            return Some(a.summary.clone());
+        }
+        if let Some(p) = w.preempt.first() {
+            return Some(p.clone());
+        }
+        w.rules.iter().flat_map(|r| &r.failures).flat_map(|f| &f.failed).find_map(|l| l.because.as_deref().and_then(find))
+    }
+    e.why_not.as_ref().and_then(find).filter(|v| !v.is_empty())
+}
+
 pub fn text(e: &Explanation) -> String {
     let mut out = String::new();
+    if let Some(v) = verdict(e).filter(|_| !e.holds) {
+        let _ = writeln!(out, "# verdict: {v}");
+    }
     // What the key is, in the rules' own words.
     if let Some(doc) = &e.doc {
         for l in doc.lines() {
