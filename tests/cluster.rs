@@ -784,7 +784,7 @@ async fn load_scales_a_service_up_and_its_end_scales_it_down_after_the_window() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_prints_the_cluster_as_tables_and_watch_follows_a_node_dying() {
     let _serial = serial();
-    let (mut etcd, (_c, mut agents)) = six_web_instances_behind_a_probe("status", "builtin:http").await;
+    let (mut etcd, (c, mut agents)) = six_web_instances_behind_a_probe("status", "builtin:http").await;
     etcd.put("desired/service/huge/cpu", "100000", None).await.unwrap();
     etcd.put("intent/user/service/huge/instances", "1", None).await.unwrap();
     wait_for("huge-0 waits", T, || {
@@ -847,4 +847,19 @@ async fn status_prints_the_cluster_as_tables_and_watch_follows_a_node_dying() {
     let _ = watch.kill();
     let _ = watch.wait();
     let _ = reader.join();
+    // The controller's cluster metrics say the same.
+    wait_for("/metrics counts nodes and instances by state", T, || async {
+        let body = c.metrics_text();
+        [
+            "ccattler_nodes{state=\"unreachable\"} 1",
+            "ccattler_nodes{state=\"ready\"} 2",
+            "ccattler_unplaced_instances 1",
+            "ccattler_rollouts{state=\"complete\"} 2",
+        ]
+        .iter()
+        .all(|l| body.lines().any(|b| b == *l))
+    })
+    .await;
+    let body = c.metrics_text();
+    assert!(body.lines().any(|l| l.starts_with("ccattler_instances{state=\"running\"}")), "{body}");
 }

@@ -367,6 +367,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let mut backoff = Duration::from_millis(100);
     // Whether a snapshot was ever read (credentials then known good).
     let mut ever_loaded = false;
+    // When the cluster gauges were last recounted (a walk of the derived keys).
+    let mut cluster_counted = Instant::now().checked_sub(CLUSTER_METRICS_EVERY).unwrap_or_else(Instant::now);
     // One op of each list is the fence / derived revision.
     let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
 
@@ -584,6 +586,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                     shared.metrics.observe(r, head.max(r.revision()));
                     shared.health.applied(head.max(r.revision()));
+                    if cluster_counted.elapsed() >= CLUSTER_METRICS_EVERY {
+                        shared.metrics.observe_cluster(r);
+                        cluster_counted = Instant::now();
+                    }
                     if let Some(why) = broken {
                         warn!("{why}; taking a new snapshot");
                         continue 'connect;
@@ -715,6 +721,9 @@ fn writes_again(nospace_since: &mut Option<Instant>, metrics: &Metrics) {
         metrics.nospace.set(0);
     }
 }
+
+/// How often the cluster gauges (nodes and instances by state, …) are recounted.
+const CLUSTER_METRICS_EVERY: Duration = Duration::from_secs(2);
 
 /// How often etcd's alarm list is read while it is out of space.
 const NOSPACE_RETRY: Duration = Duration::from_secs(2);

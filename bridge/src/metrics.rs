@@ -34,6 +34,23 @@ pub struct Metrics {
     /// holds them, and their bytes.
     pub interned: Gauge,
     pub interned_bytes: Gauge,
+    /// The cluster as the rules see it (recounted every few seconds).
+    pub nodes: Family<StateLabels, Gauge>,
+    pub instances: Family<StateLabels, Gauge>,
+    pub unplaced: Gauge,
+    pub rollouts: Family<StateLabels, Gauge>,
+    pub rejected_by_prefix: Family<PrefixLabels, Gauge>,
+    pub blocked_by_prefix: Family<PrefixLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrefixLabels {
+    pub prefix: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -61,6 +78,12 @@ impl Metrics {
             explaining: Gauge::default(),
             interned: Gauge::default(),
             interned_bytes: Gauge::default(),
+            nodes: Family::default(),
+            instances: Family::default(),
+            unplaced: Gauge::default(),
+            rollouts: Family::default(),
+            rejected_by_prefix: Family::default(),
+            blocked_by_prefix: Family::default(),
             registry: Registry::default(),
         };
         registry.register("facts_held", "Input facts plus derived keys held", m.facts.clone());
@@ -79,6 +102,12 @@ impl Metrics {
         registry.register("explanations_running", "/explain questions being answered (off the write-back path)", m.explaining.clone());
         registry.register("interned_strings", "Long strings interned while a fact holds them", m.interned.clone());
         registry.register("interned_bytes", "Bytes of the interned strings (released with the last fact that holds each)", m.interned_bytes.clone());
+        registry.register("nodes", "Nodes by state (effective/node/N/state)", m.nodes.clone());
+        registry.register("instances", "Instances by state (effective/instance/I/state; pending: not placed)", m.instances.clone());
+        registry.register("unplaced_instances", "Instances waiting for a node (status/unplaced/)", m.unplaced.clone());
+        registry.register("rollouts", "Rollouts by state (status/rollout/S/state; stalled and its reason as `stalled`)", m.rollouts.clone());
+        registry.register("rejected_facts_by_prefix", "Rejected input facts by the first two segments of their key", m.rejected_by_prefix.clone());
+        registry.register("blocked_keys_by_prefix", "Derived keys etcd refuses, by the first two segments of their key", m.blocked_by_prefix.clone());
         Metrics { registry, ..m }
     }
 
@@ -92,6 +121,64 @@ impl Metrics {
         let (strings, bytes) = ccattler_engine::value::interned();
         self.interned.set(strings as i64);
         self.interned_bytes.set(bytes as i64);
+    }
+
+    /// Recounts the cluster's gauges from what the rules derive (a walk of
+    /// the derived keys: done every few seconds, not every revision).
+    pub fn observe_cluster(&self, r: &Reconciler) {
+        use std::collections::BTreeMap;
+        let resolved = &r.outputs.resolved;
+        let under = |prefix: &'static str| resolved.range(prefix.to_string()..).take_while(move |(k, _)| k.starts_with(prefix));
+        let mut nodes: BTreeMap<String, i64> = BTreeMap::new();
+        for (k, v) in under("effective/node/") {
+            let rest = &k["effective/node/".len()..];
+            if rest.split('/').count() == 2 && rest.ends_with("/state") {
+                *nodes.entry(v.clone()).or_default() += 1;
+            }
+        }
+        let mut instances: BTreeMap<String, i64> = BTreeMap::new();
+        for (k, _) in under("effective/instance/").filter(|(k, _)| k.ends_with("/service")) {
+            let i = &k["effective/instance/".len()..k.len() - "/service".len()];
+            let state = resolved.get(&format!("effective/instance/{i}/state")).cloned().unwrap_or_else(|| "pending".into());
+            *instances.entry(state).or_default() += 1;
+        }
+        let mut rollouts: BTreeMap<String, i64> = BTreeMap::new();
+        for (k, v) in under("status/rollout/").filter(|(k, _)| k.ends_with("/state")) {
+            let _ = k;
+            let state = v.split(':').next().unwrap_or_default().to_string();
+            *rollouts.entry(state).or_default() += 1;
+        }
+        let prefix = |k: &str| k.split('/').take(2).collect::<Vec<_>>().join("/") + "/";
+        let mut rejected: BTreeMap<String, i64> = BTreeMap::new();
+        for k in r.inputs.rejected.keys() {
+            *rejected.entry(prefix(k)).or_default() += 1;
+        }
+        let mut blocked: BTreeMap<String, i64> = BTreeMap::new();
+        for (k, _) in r.blocked() {
+            *blocked.entry(prefix(k)).or_default() += 1;
+        }
+        // States no longer seen go to 0 (kept, so a series does not vanish).
+        let set = |family: &Family<StateLabels, Gauge>, counts: BTreeMap<String, i64>, known: &[&str]| {
+            family.clear();
+            for s in known {
+                family.get_or_create(&StateLabels { state: s.to_string() }).set(0);
+            }
+            for (state, n) in counts {
+                family.get_or_create(&StateLabels { state }).set(n);
+            }
+        };
+        set(&self.nodes, nodes, &["ready", "unreachable", "cordoned", "draining", "drained", "impaired"]);
+        set(&self.instances, instances, &["pending", "running", "crashed", "waiting", "stopping", "failed"]);
+        set(&self.rollouts, rollouts, &["progressing", "complete", "paused", "stalled"]);
+        self.unplaced.set(under("status/unplaced/").count() as i64);
+        self.rejected_by_prefix.clear();
+        for (p, n) in rejected {
+            self.rejected_by_prefix.get_or_create(&PrefixLabels { prefix: p }).set(n);
+        }
+        self.blocked_by_prefix.clear();
+        for (p, n) in blocked {
+            self.blocked_by_prefix.get_or_create(&PrefixLabels { prefix: p }).set(n);
+        }
     }
 
     /// A write that failed: `split` (a transaction refused for good, halved

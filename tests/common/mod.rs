@@ -185,6 +185,16 @@ impl Controller {
         Controller { child, port, log }
     }
 
+    /// The whole /metrics text (empty if the controller does not answer).
+    pub fn metrics_text(&self) -> String {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else { return String::new() };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        body
+    }
+
     /// A metric's value from /metrics, if the controller answers.
     pub fn metric(&self, name: &str) -> Option<f64> {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
