@@ -377,6 +377,15 @@ fn plan_with_shows_what_a_change_would_do() {
         assert!(printed.contains(want), "{want}:\n{printed}");
     }
     assert!(text(&out.stderr).contains("with.facts:5: intent/user/service/api/instances = \"many\" would be rejected"), "{}", text(&out.stderr));
+    // Above the key diff, what it does to each service, as `nomad job plan` says it.
+    let summary = printed.lines().find(|l| l.starts_with("# web:")).unwrap_or_else(|| panic!("no summary for web:\n{printed}"));
+    assert!(summary.contains("instances 2 → 0") && summary.contains("2 to stop (web-0 on node-1, web-1 on node-2)"), "{summary}");
+    let grow = dir.join("grow.facts");
+    std::fs::write(&grow, "intent/user/service/web/instances = 3\n").unwrap();
+    let out = ccattler(&["plan", "--with", grow.to_str().unwrap(), "--facts", base.to_str().unwrap()]);
+    let printed = text(&out.stdout);
+    let summary = printed.lines().find(|l| l.starts_with("# web:")).unwrap_or_else(|| panic!("no summary for web:\n{printed}"));
+    assert!(summary.contains("instances 2 → 3") && summary.contains("1 to create (web-2 on node-"), "{summary}");
     assert_eq!(std::fs::read_to_string(&base).unwrap(), before, "nothing written");
 }
 

@@ -71,6 +71,9 @@ pub(crate) fn what_if(etcd: &EtcdArgs, rules: &[PathBuf], with: &std::path::Path
     }
     diff.sort_by(|a, b| a[2..].cmp(&b[2..]));
     println!("# what if {} ({} change(s), {rejected} rejected) against {source}: {} derived key(s) change", with.display(), changes.len(), diff.len());
+    for line in service_summary(&before, after) {
+        println!("{line}");
+    }
     for d in &diff {
         println!("{d}");
     }
@@ -100,4 +103,88 @@ pub(crate) fn read_changes(path: &std::path::Path) -> anyhow::Result<Vec<(usize,
     }
     out.sort_by_key(|c| c.0);
     Ok(out)
+}
+
+/// What a change does to each service, as `nomad job plan` says it: its
+/// instance count, instances to create, move and stop (with their nodes),
+/// those that would wait (and why), and a rollout it starts.
+pub(crate) fn service_summary(before: &std::collections::BTreeMap<String, String>, after: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    use std::collections::BTreeMap;
+    let service_of = |i: &str| {
+        let k = format!("effective/instance/{i}/service");
+        after.get(&k).or_else(|| before.get(&k)).cloned().unwrap_or_else(|| "?".into())
+    };
+    let placements = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        m.range("placement/instance/".to_string()..)
+            .take_while(|(k, _)| k.starts_with("placement/instance/"))
+            .map(|(k, v)| (k["placement/instance/".len()..].to_string(), v.clone()))
+            .collect()
+    };
+    let (was, will) = (placements(before), placements(after));
+    #[derive(Default)]
+    struct Plan {
+        count: Option<(String, String)>,
+        create: Vec<String>,
+        moves: Vec<String>,
+        stop: Vec<String>,
+        wait: Vec<String>,
+        rollout: Option<String>,
+    }
+    let mut plans: BTreeMap<String, Plan> = BTreeMap::new();
+    for (i, n) in &will {
+        match was.get(i) {
+            None => plans.entry(service_of(i)).or_default().create.push(format!("{i} on {n}")),
+            Some(old) if old != n => plans.entry(service_of(i)).or_default().moves.push(format!("{i} {old} → {n}")),
+            Some(_) => {}
+        }
+    }
+    for (i, n) in &was {
+        if !will.contains_key(i) {
+            plans.entry(service_of(i)).or_default().stop.push(format!("{i} on {n}"));
+        }
+    }
+    for (k, why) in after.range("status/unplaced/".to_string()..).take_while(|(k, _)| k.starts_with("status/unplaced/")) {
+        let i = &k["status/unplaced/".len()..];
+        if before.get(k) != Some(why) {
+            plans.entry(service_of(i)).or_default().wait.push(format!("{i}: {why}"));
+        }
+    }
+    let services: std::collections::BTreeSet<String> = [before, after]
+        .iter()
+        .flat_map(|m| m.keys())
+        .filter_map(|k| k.strip_prefix("effective/service/")?.strip_suffix("/instances").filter(|s| !s.contains('/')).map(String::from))
+        .collect();
+    for s in services {
+        let k = format!("effective/service/{s}/instances");
+        let (b, a) = (before.get(&k), after.get(&k));
+        if b != a {
+            let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "0".into());
+            plans.entry(s.clone()).or_default().count = Some((show(b), show(a)));
+        }
+        let g = format!("status/rollout/{s}/generation");
+        if before.get(&g) != after.get(&g) {
+            if let Some(gen) = after.get(&g) {
+                plans.entry(s.clone()).or_default().rollout = Some(format!("a rollout starts (generation {gen}; `ccattler rollout status {s}`)"));
+            }
+        }
+    }
+    let list = |v: &[String]| if v.len() > 5 { format!("{}, … ({} more)", v[..5].join(", "), v.len() - 5) } else { v.join(", ") };
+    plans
+        .into_iter()
+        .map(|(s, p)| {
+            let mut parts = Vec::new();
+            if let Some((b, a)) = p.count {
+                parts.push(format!("instances {b} → {a}"));
+            }
+            for (what, v) in [("create", &p.create), ("move", &p.moves), ("stop", &p.stop), ("wait", &p.wait)] {
+                if !v.is_empty() {
+                    parts.push(format!("{} to {what} ({})", v.len(), list(v)));
+                }
+            }
+            if let Some(r) = p.rollout {
+                parts.push(r);
+            }
+            format!("# {s}: {}", parts.join("; "))
+        })
+        .collect()
 }
