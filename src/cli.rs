@@ -426,9 +426,9 @@ pub(crate) enum AuthAction {
 pub(crate) enum SecretAction {
     /// Reads the value from stdin (exact bytes; never from the command line),
     /// seals it with the cluster key into `secret/value/NAME` and records
-    /// `desired/secret/NAME` = a fresh random tag of the value, in one
-    /// transaction: the instances granted it roll to the new value within
-    /// their rollout's budget, as to a new image.
+    /// `desired/secret/NAME` = the revision it was stored at (its tag): the
+    /// instances granted it roll to the new value within their rollout's
+    /// budget, as to a new image.
     Set {
         name: String,
         #[arg(long, env = "CCATTLER_SECRET_KEY")]

@@ -756,7 +756,12 @@ impl Agent {
         let mut secrets = BTreeMap::new();
         for (secret, version) in &spec.secrets {
             match version {
-                Some(v) => secrets.insert(secret.clone(), v.clone()),
+                // A template pins a value by the revision it was stored at:
+                // a copy sealed from an older one is not it yet.
+                Some((tag, sealed_at)) if tag.parse::<i64>().is_ok_and(|pinned| *sealed_at < pinned) => {
+                    return Ok(Err(Some(format!("secret {secret} is not yet sealed to this node at the value its template pins ({tag})"))))
+                }
+                Some((tag, _)) => secrets.insert(secret.clone(), tag.clone()),
                 None => return Ok(Err(Some(format!("secret {secret} is not sealed to this node yet")))),
             };
         }

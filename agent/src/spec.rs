@@ -17,11 +17,12 @@ pub struct InstanceSpec {
     pub service: String,
     pub image: Option<String>,
     pub config: BTreeMap<String, String>,
-    /// Granted secrets: name → the version of its value the instance's
-    /// template pins (`ccattler secret set` tags each value; a value without
-    /// a tag goes by the version it was sealed at), None while the controller
-    /// has not sealed it to this node yet, or it does not open.
-    pub secrets: BTreeMap<String, Option<String>>,
+    /// Granted secrets: name → (the tag of the value the instance's template
+    /// pins — `ccattler secret set` tags a value with the revision it was
+    /// stored at; a value without a tag goes by the version it was sealed at
+    /// — and the version of the copy sealed to this node), None while the
+    /// controller has not sealed it to this node yet, or it does not open.
+    pub secrets: BTreeMap<String, Option<(String, i64)>>,
     pub volumes: BTreeMap<String, VolumeSpec>,
     pub probes: BTreeMap<String, ProbeSpec>,
     /// The version of the template pinned for it (rules/rollout.rules): the
@@ -135,7 +136,7 @@ pub fn assemble(placed: Vec<(String, String)>, view: Vec<(String, String)>, seal
                         spec.config.insert(key.to_string(), v);
                     }
                     ["secret", name] => {
-                        let pinned = secrets.get(*name).map(|(sealed_at, _)| if v.is_empty() { sealed_at.to_string() } else { v.clone() });
+                        let pinned = secrets.get(*name).map(|(sealed_at, _)| (if v.is_empty() { sealed_at.to_string() } else { v.clone() }, *sealed_at));
                         spec.secrets.insert(name.to_string(), pinned);
                     }
                     ["volume", vol] => {
@@ -216,7 +217,7 @@ mod tests {
         assert_eq!(s.image.as_deref(), Some("builtin:http"));
         assert_eq!(s.config["LOG"], "debug");
         // An untagged value goes by the version it was sealed at.
-        assert_eq!(s.secrets, BTreeMap::from([("api".to_string(), None), ("db".to_string(), Some("7".to_string()))]));
+        assert_eq!(s.secrets, BTreeMap::from([("api".to_string(), None), ("db".to_string(), Some(("7".to_string(), 7)))]));
         assert_eq!(s.volumes["data"], VolumeSpec { mount: "/data".into(), persistent: true, size_gib: Some(10) });
         assert_eq!(s.probes["readiness"], ProbeSpec { method: Ok(Method::Http("/healthz".into())), interval: Duration::from_secs(5) });
         assert_eq!(s.requests, crate::confine::Limits { cpu_millicores: Some(250), memory_mib: None, pids: None }, "a negative request is no limit");
@@ -230,7 +231,7 @@ mod tests {
             kv(&[("db", &sealed)]),
             &key,
         );
-        assert_eq!(w.instances["web-0"].secrets["db"].as_deref(), Some("v-1a2b"));
+        assert_eq!(w.instances["web-0"].secrets["db"], Some(("v-1a2b".to_string(), 7)));
     }
 
     #[test]

@@ -32,12 +32,12 @@ pub(crate) fn secret(action: SecretAction) -> anyhow::Result<ExitCode> {
             let cfg = etcd.config()?;
             let rev = rt.block_on(async {
                 let mut client = ccattler_store::etcd::connect(&cfg).await?;
-                let txn = Txn::new().and_then([
-                    TxnOp::put(format!("{}{name}", ccattler_store::layout::SECRET_VALUE), sealed, None),
-                    TxnOp::put(format!("desired/secret/{name}"), ccattler_store::seal::value_tag(), None),
-                ]);
-                let resp = client.txn(txn).await?;
-                anyhow::Ok(resp.header().map_or(0, |h| h.revision()))
+                // The value first, then its tag: the revision it was stored
+                // at, which the copies sealed to nodes carry as their version.
+                let resp = client.put(format!("{}{name}", ccattler_store::layout::SECRET_VALUE), sealed, None).await?;
+                let stored = resp.header().map_or(0, |h| h.revision());
+                client.put(format!("desired/secret/{name}"), stored.to_string(), None).await?;
+                anyhow::Ok(stored)
             })?;
             eprintln!("secret {name} sealed with key {} and stored at revision {rev}", keys.current_id());
         }

@@ -19,15 +19,6 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use crypto_box::aead::{Aead, AeadCore, KeyInit, OsRng};
 
-/// A fresh tag for a secret's new value (`desired/secret/NAME`): random, so
-/// it says nothing about the value; the rules pin it in templates, so
-/// instances roll to the new value as to a new image.
-pub fn value_tag() -> String {
-    use crypto_box::aead::rand_core::RngCore;
-    let mut bytes = [0u8; 8];
-    OsRng.fill_bytes(&mut bytes);
-    format!("v-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
-}
 use crypto_secretbox::XSalsa20Poly1305;
 use std::path::{Path, PathBuf};
 use zeroize::Zeroizing;
