@@ -35,24 +35,24 @@ enum Piece {
 fn expr(p: &Piece, out: &mut String) {
     match p {
         Piece::Parens(n) => {
-            let n = *n as usize % 20_000;
+            let n = *n as usize % 5_000;
             out.push_str(&"(".repeat(n));
             out.push('x');
             out.push_str(&")".repeat(n));
         }
         Piece::Negations(n) => {
-            out.push_str(&"- ".repeat(*n as usize % 20_000));
+            out.push_str(&"- ".repeat(*n as usize % 5_000));
             out.push('x');
         }
         Piece::Chain(n, seed) => {
             out.push('x');
             let ops = ["+", "-", "*", "/", "%", "++"];
-            for i in 0..(*n as usize % 50_000) {
+            for i in 0..(*n as usize % 5_000) {
                 let _ = write!(out, " {} x", ops[(i + *seed as usize) % ops.len()]);
             }
         }
         Piece::Calls(n) => {
-            let n = *n as usize % 20_000;
+            let n = *n as usize % 5_000;
             out.push_str(&"len(".repeat(n));
             out.push('x');
             out.push_str(&")".repeat(n));
@@ -75,7 +75,7 @@ fn program(pieces: &[Piece]) -> String {
     for (i, p) in pieces.iter().enumerate().take(8) {
         match p {
             Piece::Strata(n) => {
-                let n = *n as usize * 4;
+                let n = (*n as usize % 64) * 4;
                 for k in 0..n {
                     let _ = writeln!(out, "relation s{i}_{k}(x: int)\nrelation q{i}_{k}(x: int)\nq{i}_{k}(x) :- a(x), x > {k}.");
                     let prev = if k == 0 { "a(x)".to_string() } else { format!("s{i}_{}(x)", k - 1) };
@@ -86,11 +86,11 @@ fn program(pieces: &[Piece]) -> String {
                 }
             }
             Piece::WideBody(n) => {
-                let atoms: Vec<String> = (0..(*n as usize % 5_000)).map(|_| "a(x)".to_string()).collect();
+                let atoms: Vec<String> = (0..(*n as usize % 1_000)).map(|_| "a(x)".to_string()).collect();
                 let _ = writeln!(out, "b(x) :- {}.", if atoms.is_empty() { "a(x)".into() } else { atoms.join(", ") });
             }
             Piece::Negations(n) if i % 2 == 0 => {
-                let _ = writeln!(out, "b(x) :- a(x), {}a(x).", "not ".repeat(*n as usize % 20_000));
+                let _ = writeln!(out, "b(x) :- a(x), {}a(x).", "not ".repeat(*n as usize % 5_000));
             }
             p => {
                 let mut e = String::new();
