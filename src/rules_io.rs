@@ -12,6 +12,39 @@ pub(crate) fn default_rules(paths: Vec<PathBuf>) -> Vec<PathBuf> {
 }
 
 /// Loads and checks rules; on errors prints the diagnostics and returns None.
+/// The rules a command that talks to etcd runs against: `--rules` when given
+/// (or `rules/` where it exists), else the program the cluster's controller
+/// runs, which it publishes under `status/program/` — so `apply`, `plan` and
+/// `explain` work outside a checkout.
+pub(crate) fn load_program_for(rules: &[PathBuf], etcd: &EtcdArgs) -> anyhow::Result<Option<std::sync::Arc<ccattler_parser::Program>>> {
+    let default = rules.len() == 1 && rules[0] == std::path::Path::new("rules");
+    if !default || rules[0].exists() {
+        return load_program(rules);
+    }
+    let cfg = etcd.config()?;
+    let files = runtime()?.block_on(async {
+        let mut client = ccattler_store::etcd::connect(&cfg).await?;
+        let resp = client.get(ccattler_bridge::controller::PROGRAM_PREFIX, Some(etcd_client::GetOptions::new().with_prefix())).await?;
+        anyhow::Ok(
+            resp.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), String::from_utf8_lossy(kv.value()).into_owned())).collect::<Vec<_>>(),
+        )
+    })?;
+    if files.is_empty() {
+        anyhow::bail!("no rules/ here and none published by a controller under {}: pass --rules DIR", ccattler_bridge::controller::PROGRAM_PREFIX);
+    }
+    eprintln!("# the rules the cluster runs ({} file(s) under {})", files.len(), ccattler_bridge::controller::PROGRAM_PREFIX);
+    let mut sources = ccattler_parser::source::Sources::new();
+    for (k, text) in files {
+        sources.add(k, text);
+    }
+    let checked = ccattler_parser::check_sources(sources);
+    if checked.errors() > 0 {
+        eprint!("{}", checked.render());
+        anyhow::bail!("the published rules do not check ({} error(s)); pass --rules DIR", checked.errors());
+    }
+    Ok(checked.program.map(std::sync::Arc::new))
+}
+
 pub(crate) fn load_program(rules: &[PathBuf]) -> anyhow::Result<Option<std::sync::Arc<ccattler_parser::Program>>> {
     let checked = ccattler_parser::load(rules)?;
     if checked.errors() > 0 {

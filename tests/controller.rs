@@ -1117,3 +1117,46 @@ async fn etcd_errors_name_the_url_and_user_and_wrong_credentials_stop_the_daemon
     assert!(!controller.status.success(), "{err}");
     assert!(err.contains("refused the password of user controller"), "{err}");
 }
+
+/// `apply`, `plan` and `explain` once needed a `./rules` and failed outside
+/// a checkout: the controller publishes the program it runs under
+/// `status/program/`, and the CLI uses it when given no `--rules`.
+#[tokio::test]
+async fn outside_a_checkout_the_cli_uses_the_rules_the_controller_publishes() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let c = Controller::start("program", &shipped_rules());
+    settled(&c, &mut etcd, T).await;
+    let published = keys(&mut etcd, "status/program/").await;
+    let shipped = std::fs::read_dir(shipped_rules()).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "rules")).count();
+    assert_eq!(published.len(), shipped, "{:?}", published.iter().map(|(k, _)| k).collect::<Vec<_>>());
+    assert!(published.iter().any(|(k, v)| k.ends_with("-intent.rules") && v.contains("effective_instances")));
+    let elsewhere = fresh_dir("no-checkout");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ccattler"))
+            .args(args)
+            .current_dir(&elsewhere)
+            .env("CCATTLER_CREDENTIALS", credentials())
+            .env("CCATTLER_AS", "user")
+            .output()
+            .unwrap()
+    };
+    std::fs::write(elsewhere.join("typo.facts"), "desired/servce/web/image = nginx\n").unwrap();
+    let out = run(&["apply", "typo.facts"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the rules the cluster runs") && err.contains("did you mean desired/service/web/image?"), "{err}");
+    std::fs::write(elsewhere.join("good.facts"), "intent/user/service/web/instances = 2\n").unwrap();
+    let out = run(&["apply", "good.facts"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    settled(&c, &mut etcd, T).await;
+    let out = run(&["explain", "effective/service/web/instances"]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("intent/user/service/web/instances"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The write-back leaves the published files alone.
+    assert_eq!(keys(&mut etcd, "status/program/").await.len(), shipped);
+    assert!(c.stop().success());
+}

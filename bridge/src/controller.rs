@@ -367,6 +367,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let mut backoff = Duration::from_millis(100);
     // Whether a snapshot was ever read (credentials then known good).
     let mut ever_loaded = false;
+    // The leadership (its fence) under which the program was published.
+    let mut published: Option<i64> = None;
     // When the cluster gauges were last recounted (a walk of the derived keys).
     let mut cluster_counted = Instant::now().checked_sub(CLUSTER_METRICS_EVERY).unwrap_or_else(Instant::now);
     // One op of each list is the fence / derived revision.
@@ -488,6 +490,14 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     shared.health.no_progress("no controller leads: the leader key is stale or absent and this one could not take it".into());
                 } else {
                     shared.health.progress();
+                }
+            }
+            // The program it runs, for the CLI: once per leadership and program.
+            if let Some(l) = leader.as_ref().filter(|l| published != Some(l.fence.create_revision)) {
+                match publish_program(&mut client, &l.fence, &program).await {
+                    Ok(()) => published = Some(l.fence.create_revision),
+                    Err(e) if etcd::is_nospace(&e) => {}
+                    Err(e) => warn!(error = %e, "publishing the rule files under status/program/ failed; trying again"),
                 }
             }
             let open = gate.open(r.revision(), watch.backlog(), Instant::now());
@@ -689,6 +699,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     Ok(p) => {
                         info!("rules reloaded");
                         program = p;
+                        published = None;
                         reconciler = None;
                         if let Some(l) = leader.take() {
                             let _ = leader::resign(&mut client, &l.fence).await;
@@ -712,6 +723,37 @@ fn out_of_space(nospace_since: &mut Option<Instant>, shared: &Shared, e: &etcd_c
     }
     shared.metrics.nospace.set(1);
     shared.health.no_progress(format!("etcd is out of space (NOSPACE alarm): {e}"));
+}
+
+/// Where the controller publishes the rule files it runs: `status/program/NN-FILE`
+/// (NN the file's place in the program; the CLI reads them when it is given no
+/// `--rules` and has no `rules/` of its own).
+pub const PROGRAM_PREFIX: &str = "status/program/";
+
+/// Publishes the program's files under [`PROGRAM_PREFIX`], fenced by
+/// leadership: puts what changed, deletes files no longer in it.
+async fn publish_program(client: &mut Client, fence: &Fence, program: &Program) -> Result<(), etcd_client::Error> {
+    use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+    let sources = &program.sources;
+    let want: std::collections::BTreeMap<String, String> = sources
+        .ids()
+        .enumerate()
+        .map(|(n, id)| {
+            let base = std::path::Path::new(sources.name(id)).file_name().map_or_else(|| "rules".into(), |b| b.to_string_lossy().into_owned());
+            (format!("{PROGRAM_PREFIX}{n:02}-{base}"), sources.text(id).to_string())
+        })
+        .collect();
+    let held = client.get(PROGRAM_PREFIX, Some(GetOptions::new().with_prefix())).await?;
+    let held: std::collections::BTreeMap<String, String> =
+        held.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), String::from_utf8_lossy(kv.value()).into_owned())).collect();
+    let mut ops: Vec<TxnOp> = want.iter().filter(|(k, v)| held.get(*k) != Some(*v)).map(|(k, v)| TxnOp::put(k.as_str(), v.as_str(), None)).collect();
+    ops.extend(held.keys().filter(|k| !want.contains_key(*k)).map(|k| TxnOp::delete(k.as_str(), None)));
+    if ops.is_empty() {
+        return Ok(());
+    }
+    let fenced = Txn::new().when([Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)]).and_then(ops);
+    client.txn(fenced).await?;
+    Ok(())
 }
 
 /// etcd takes puts again (a put committed, or its alarm list is clear).

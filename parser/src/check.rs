@@ -1406,8 +1406,9 @@ fn reserved_key(p: &KeyPattern, own_writer: Option<&str>) -> Option<(String, &'s
         ("status/clock", "the cluster clock, which the controller keeps"),
         ("status/derived_revision", "the controller's record of what it has written"),
     ];
-    const PREFIX: [(&str, &str); 6] = [
+    const PREFIX: [(&str, &str); 7] = [
         ("status/blocked", "the controller's records of refused writes"),
+        ("status/program", "the rule files the controller runs, which it publishes"),
         ("status/conflict", "the controller's records of conflicting writes"),
         ("secret", "sealed secrets, written only by `ccattler secret` and the controller's sealing"),
         ("desired", "the user's desired state"),

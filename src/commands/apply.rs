@@ -45,7 +45,7 @@ pub(crate) fn apply(file: &std::path::Path, writer: &str, rules: &[PathBuf], all
         eprintln!("nothing written: writer {writer} may write only {allowed}");
         return Ok(ExitCode::from(1));
     }
-    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let Some(program) = load_program_for(rules, etcd)? else { return Ok(ExitCode::from(1)) };
     let (mut errors, warnings) = lint_facts(&program, file, &facts);
     // A key no rule reads is a typo until said otherwise.
     for w in warnings {

@@ -15,7 +15,7 @@ pub(crate) fn explain(
     format: Format,
 ) -> anyhow::Result<ExitCode> {
     use ccattler_engine::explain;
-    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let Some(program) = load_program_for(rules, etcd)? else { return Ok(ExitCode::from(1)) };
     let (key, value) = split_asked(asked);
     // Where the facts come from, and what the store holds at the key.
     let mut created = None;

@@ -5,7 +5,7 @@ use crate::prelude::*;
 
 pub(crate) fn plan(etcd: &EtcdArgs, rules: &[PathBuf]) -> anyhow::Result<ExitCode> {
     use ccattler_bridge::{etcd as e, Op, Reconciler};
-    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let Some(program) = load_program_for(rules, etcd)? else { return Ok(ExitCode::from(1)) };
     let cfg = etcd.config()?;
     let (rev, snap) = runtime()?.block_on(async {
         let mut client = e::connect(&cfg).await?;
@@ -31,7 +31,7 @@ pub(crate) fn plan(etcd: &EtcdArgs, rules: &[PathBuf]) -> anyhow::Result<ExitCod
 /// `plan --with FILE`: the derived keys at the fixed point of the current
 /// state, against those at the fixed point with FILE's changes applied.
 pub(crate) fn what_if(etcd: &EtcdArgs, rules: &[PathBuf], with: &std::path::Path, facts: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
-    let Some(program) = load_program(rules)? else { return Ok(ExitCode::from(1)) };
+    let Some(program) = load_program_for(rules, etcd)? else { return Ok(ExitCode::from(1)) };
     let changes = read_changes(with)?;
     // Hypothetical values the controller would reject are named first.
     let mut rejected = 0;
