@@ -16,6 +16,7 @@ pub mod http;
 pub mod metrics;
 pub mod reconcile;
 pub mod secrets;
+pub mod view;
 pub mod watch;
 
 pub use ccattler_store::etcd;
