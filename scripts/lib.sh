@@ -7,6 +7,8 @@ install_missing() {
   command -v protoc >/dev/null || need+=(protobuf-compiler)
   command -v curl >/dev/null || need+=(curl)
   command -v python3 >/dev/null || need+=(python3)
+  # The console's browser test (tests/console.rs) runs headless Chromium.
+  if [ "$who" = scripts/test ]; then command -v chromium >/dev/null || need+=(chromium); command -v chromedriver >/dev/null || need+=(chromium-driver); fi
   if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
       echo "$who: missing ${need[*]}; run as root or install them" >&2

@@ -41,9 +41,17 @@ pub(crate) enum Command {
         etcd: EtcdArgs,
         #[arg(long, default_value = "rules")]
         rules: Vec<PathBuf>,
-        /// Address for /healthz, /readyz and /metrics.
+        /// Address for /healthz, /readyz and /metrics (and /ui with --ui).
         #[arg(long, default_value = "127.0.0.1:9090")]
         listen: std::net::SocketAddr,
+        /// Also serve the read-only web console at /ui on --listen.
+        #[arg(long)]
+        ui: bool,
+        /// The console's own credential: a `NAME:PASSWORD` file (mode 0600)
+        /// whose users a browser must present (HTTP basic auth). Required
+        /// with --ui when etcd's auth is on.
+        #[arg(long, requires = "ui")]
+        ui_credentials: Option<PathBuf>,
         /// This controller's name in `status/leader` (default: host and pid).
         #[arg(long)]
         id: Option<String>,
@@ -465,15 +473,47 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Check { paths, facts, format } => check(paths, facts.as_deref(), format),
-        Command::Controller { etcd, rules, listen, id, workers, max_txn_ops, max_txn_bytes, leader_ttl, secret_key, stall_bound, log_format } => {
+        Command::Controller {
+            etcd,
+            rules,
+            listen,
+            ui,
+            ui_credentials,
+            id,
+            workers,
+            max_txn_ops,
+            max_txn_bytes,
+            leader_ttl,
+            secret_key,
+            stall_bound,
+            log_format,
+        } => {
             init_logging(log_format);
             exit_on_panic();
             let id = id.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
-            let cfg = ccattler_bridge::controller::ControllerConfig {
-                etcd: match etcd.config() {
-                    Ok(c) => c,
-                    Err(e) => return usage_error(e),
+            let etcd = match etcd.config() {
+                Ok(c) => c,
+                Err(e) => return usage_error(e),
+            };
+            // The console shows what the controller's etcd user reads: with
+            // etcd's auth on, it needs a credential of its own.
+            let ui = match (ui, ui_credentials) {
+                (false, _) => None,
+                (true, None) if etcd.user.is_some() => {
+                    return usage_error(anyhow::anyhow!(
+                        "--ui with etcd's auth on needs --ui-credentials FILE (NAME:PASSWORD lines, mode 0600): the console's own credential"
+                    ))
+                }
+                (true, None) => Some(Vec::new()),
+                (true, Some(file)) => match ccattler_store::credentials::read_all(&file) {
+                    Ok(users) if !users.is_empty() => Some(users.into_iter().map(|(u, p)| (u, p.to_string())).collect()),
+                    Ok(_) => return usage_error(anyhow::anyhow!("--ui-credentials {}: no NAME:PASSWORD line", file.display())),
+                    Err(e) => return usage_error(anyhow::anyhow!("--ui-credentials: {e}")),
                 },
+            };
+            let cfg = ccattler_bridge::controller::ControllerConfig {
+                etcd,
+                ui,
                 rules,
                 workers,
                 max_txn_ops,

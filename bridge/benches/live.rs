@@ -52,6 +52,7 @@ async fn start_controller(etcd: &Etcd) -> Running {
         leader_ttl: 10,
         id: "bench".into(),
         listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+        ui: None,
         secret_key: None,
         stall_bound: std::time::Duration::from_secs(600),
     };

@@ -43,6 +43,9 @@ pub struct ControllerConfig {
     /// The cluster's secret key file: secret values are re-sealed to the
     /// nodes that need them. Without it nothing is sealed.
     pub secret_key: Option<PathBuf>,
+    /// Serve the web console at `/ui` (`--ui`), to the users listed (HTTP
+    /// basic auth; none: to anyone who reaches the listener).
+    pub ui: Option<Vec<(String, String)>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +73,8 @@ pub struct Shared {
     /// `/explain` questions for the controller's loop.
     pub explain: tokio::sync::mpsc::Sender<crate::explain::Asked>,
     pub health: Health,
+    /// The web console, when `--ui` is on.
+    pub console: Option<Arc<crate::console::Console>>,
 }
 
 /// What `/healthz` judges: a controller is unhealthy once it has made no
@@ -348,7 +353,9 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let (explain_tx, mut explain_rx) = tokio::sync::mpsc::channel::<crate::explain::Asked>(16);
     // Explanations answered at once; more wait their turn.
     let explaining = Arc::new(tokio::sync::Semaphore::new(EXPLAIN_AT_ONCE));
-    let shared = Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new(), explain: explain_tx, health: Health::new(cfg.stall_bound) });
+    let console = cfg.ui.clone().map(|users| Arc::new(crate::console::Console::new(users)));
+    let shared =
+        Arc::new(Shared { ready: AtomicBool::new(false), metrics: Metrics::new(), explain: explain_tx, health: Health::new(cfg.stall_bound), console });
     if let Some(addr) = cfg.listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         info!(%addr, "serving /healthz, /readyz, /metrics");
@@ -371,6 +378,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let mut published: Option<i64> = None;
     // When the cluster gauges were last recounted (a walk of the derived keys).
     let mut cluster_counted = Instant::now().checked_sub(CLUSTER_METRICS_EVERY).unwrap_or_else(Instant::now);
+    // … and the console's tables.
+    let mut console_counted = Instant::now().checked_sub(crate::console::EVERY).unwrap_or_else(Instant::now);
     // One op of each list is the fence / derived revision.
     let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
 
@@ -599,6 +608,11 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     if cluster_counted.elapsed() >= CLUSTER_METRICS_EVERY {
                         shared.metrics.observe_cluster(r);
                         cluster_counted = Instant::now();
+                    }
+                    if let Some(console) = shared.console.as_ref().filter(|_| console_counted.elapsed() >= crate::console::EVERY) {
+                        console.state.send_replace(Arc::new(crate::console::state(r)));
+                        console.rules.send_replace(Arc::new(crate::console::rules(r)));
+                        console_counted = Instant::now();
                     }
                     if let Some(why) = broken {
                         warn!("{why}; taking a new snapshot");

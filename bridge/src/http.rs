@@ -3,7 +3,7 @@
 
 use crate::controller::Shared;
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing;
 use axum::Router;
@@ -11,15 +11,85 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/healthz", routing::get(healthz))
         .route("/readyz", routing::get(readyz))
         .route("/metrics", routing::get(metrics))
-        .route("/explain", routing::get(explain))
-        .with_state(shared);
+        .route("/explain", routing::get(explain));
+    if shared.console.is_some() {
+        app = app
+            .route("/ui", routing::get(|h: HeaderMap, s: State<Arc<Shared>>| asset(h, s, "text/html; charset=utf-8", crate::console::INDEX_HTML)))
+            .route("/ui/", routing::get(|h: HeaderMap, s: State<Arc<Shared>>| asset(h, s, "text/html; charset=utf-8", crate::console::INDEX_HTML)))
+            .route("/ui/app.js", routing::get(|h: HeaderMap, s: State<Arc<Shared>>| asset(h, s, "text/javascript; charset=utf-8", crate::console::APP_JS)))
+            .route("/ui/app.css", routing::get(|h: HeaderMap, s: State<Arc<Shared>>| asset(h, s, "text/css; charset=utf-8", crate::console::APP_CSS)))
+            .route("/api/state", routing::get(api_state))
+            .route("/api/rules", routing::get(api_rules))
+            .route("/api/events", routing::get(api_events));
+    }
+    let app = app.with_state(shared);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "HTTP server stopped");
     }
+}
+
+/// The console's gate: 401 (asking for basic auth) unless the console's
+/// credential is presented; `None` lets the request through.
+fn refused(s: &Shared, headers: &HeaderMap) -> Option<axum::response::Response> {
+    let console = s.console.as_ref()?;
+    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if console.admits(auth) {
+        return None;
+    }
+    Some(
+        (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Basic realm=\"ccattler console\"")], "the console needs its credential (--ui-credentials)\n")
+            .into_response(),
+    )
+}
+
+async fn asset(headers: HeaderMap, State(s): State<Arc<Shared>>, kind: &'static str, body: &'static str) -> axum::response::Response {
+    if let Some(no) = refused(&s, &headers) {
+        return no;
+    }
+    ([(header::CONTENT_TYPE, kind), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+/// `GET /api/state`: the newest tables (JSON).
+async fn api_state(headers: HeaderMap, State(s): State<Arc<Shared>>) -> axum::response::Response {
+    if let Some(no) = refused(&s, &headers) {
+        return no;
+    }
+    let console = s.console.as_ref().expect("routed only with the console");
+    let state = console.state.borrow().clone();
+    axum::Json(&*state).into_response()
+}
+
+/// `GET /api/rules`: the rule files run, and each output's size.
+async fn api_rules(headers: HeaderMap, State(s): State<Arc<Shared>>) -> axum::response::Response {
+    if let Some(no) = refused(&s, &headers) {
+        return no;
+    }
+    let console = s.console.as_ref().expect("routed only with the console");
+    let rules = console.rules.borrow().clone();
+    axum::Json(&*rules).into_response()
+}
+
+/// `GET /api/events`: a server-sent event (`state`) with the tables each time
+/// they change — one stream a page, not a poll a row.
+async fn api_events(headers: HeaderMap, State(s): State<Arc<Shared>>) -> axum::response::Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    if let Some(no) = refused(&s, &headers) {
+        return no;
+    }
+    let console = s.console.as_ref().expect("routed only with the console");
+    let mut rx = console.state.subscribe();
+    rx.mark_changed(); // the current state first
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        let state = rx.borrow_and_update().clone();
+        let event = Event::default().event("state").json_data(&*state).ok()?;
+        Some((Ok::<_, std::convert::Infallible>(event), rx))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
 /// 200 while the controller makes progress; 503 with why once it has made

@@ -9,6 +9,7 @@
 //! snapshot.
 
 pub mod autoscaler;
+pub mod console;
 pub mod controller;
 pub mod explain;
 pub mod gate;
