@@ -7,6 +7,9 @@
 //! raw etcd write throughput (128-op transactions, 8 in flight), the time to
 //! merely read the snapshot, the controller's cold start beside it, its bulk
 //! write-back throughput beside raw, and put → derived key committed p50/p99.
+//! With `--console`, the controller also serves the web console and headless
+//! Chromium (Debian's `chromium`, `chromium-driver`) measures, in the page,
+//! the time to its first painted state and from a put to the page showing it.
 
 use ccattler_bridge::controller::{self, ControllerConfig};
 use ccattler_bridge::etcd as e;
@@ -17,6 +20,8 @@ use std::time::Instant;
 
 mod common;
 use common::*;
+#[path = "../../tests/common/webdriver.rs"]
+mod webdriver;
 
 /// The allocator the `ccattler` binary uses, so the numbers are its numbers.
 #[global_allocator]
@@ -28,6 +33,7 @@ fn main() {
     let p = Params::from_args();
     let changes: usize = synth::arg("--changes").unwrap_or(100);
     let workers: usize = synth::arg("--workers").unwrap_or_else(ccattler_engine::default_workers);
+    let console = std::env::args().any(|a| a == "--console");
     let rules = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../rules"));
     let etcd = Etcd::start();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
@@ -58,7 +64,7 @@ fn main() {
             leader_ttl: 10,
             id: "bench".into(),
             listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
-            ui: None,
+            ui: console.then(Vec::new),
             secret_key: None,
             stall_bound: std::time::Duration::from_secs(600),
         };
@@ -116,8 +122,62 @@ fn main() {
         lat.sort();
         let pct = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
         println!("etcd put -> derived key committed: p50 {:.1} ms, p99 {:.1} ms (n={})", pct(0.5), pct(0.99), lat.len());
+        if console {
+            measure_console(&mut client, port, &p).await;
+        }
         let _ = stop_tx.send(true);
         let _ = ctl.await;
     });
     drop(etcd);
+}
+
+/// The console at this size, measured in the browser: navigation to the
+/// first painted state, and a scale-up put to the page showing its revision
+/// (the console recounts at most every second, so that is in it).
+async fn measure_console(client: &mut etcd_client::Client, port: u16, p: &Params) {
+    let root = std::env::temp_dir().join(format!("ccattler-console-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let browser = webdriver::Browser::start(&root);
+    let mut firsts = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        browser.open(&format!("http://127.0.0.1:{port}/ui#nodes"), None);
+        browser.wait_for("the first state", std::time::Duration::from_secs(300), || browser.eval("return String(window.ccattlerTiming?.first ?? '')") != "");
+        let wall = t.elapsed();
+        let first: f64 = browser.eval("return String(window.ccattlerTiming.first)").parse().unwrap();
+        firsts.push((first, wall));
+        browser.open("about:blank", None);
+    }
+    browser.open(&format!("http://127.0.0.1:{port}/ui#services"), None);
+    browser.wait_for("the first state", std::time::Duration::from_secs(300), || browser.eval("return String(window.ccattlerTiming?.first ?? '')") != "");
+    let mut live = Vec::new();
+    for i in 0..20 {
+        let svc = synth::service_name(i * 11 % p.services);
+        let key = format!("intent/user/service/{svc}/instances");
+        let now = client.get(key.as_str(), None).await.unwrap().kvs().first().map(|kv| kv.value_str().unwrap().parse::<i64>().unwrap()).unwrap_or(0);
+        let t = Instant::now();
+        let rev = client.put(key.as_str(), (now + 1).to_string(), None).await.unwrap().header().unwrap().revision();
+        browser.wait_for("the put on the page", std::time::Duration::from_secs(60), || {
+            browser.eval("return String(window.ccattlerTiming.revision)").parse::<i64>().is_ok_and(|r| r >= rev)
+        });
+        live.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let applied: Vec<f64> = serde_json::from_str(&browser.eval("return JSON.stringify(window.ccattlerTiming.applied)")).unwrap();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let resources = browser.eval("return String(performance.getEntriesByType('resource').length)");
+    println!(
+        "console at this size: first state painted p50 {:.0} ms after navigation (wall {:.0} ms; {} runs); put -> page shows it p50 {:.0} ms, max {:.0} ms (n={}); one state from arrival to paint p50 {:.0} ms, max {:.0} ms; {resources} resources fetched",
+        median(firsts.iter().map(|f| f.0).collect()),
+        median(firsts.iter().map(|f| f.1.as_secs_f64() * 1e3).collect()),
+        firsts.len(),
+        median(live.clone()),
+        live.iter().cloned().fold(0.0, f64::max),
+        live.len(),
+        median(applied.clone()),
+        applied.iter().cloned().fold(0.0, f64::max),
+    );
+    let _ = std::fs::remove_dir_all(&root);
 }

@@ -17,6 +17,13 @@ use std::time::Duration;
 /// How often the console's tables are recounted at most.
 pub const EVERY: Duration = Duration::from_secs(1);
 
+/// The loop spends at most this share of its time copying for the console:
+/// a copy that took 50 ms waits at least 50 ms × this before the next.
+pub const LOOP_SHARE_INVERSE: u32 = 10;
+
+/// How often the rules page's key counts are recounted.
+pub const RULES_EVERY: Duration = Duration::from_secs(30);
+
 /// What a page shows, at one revision.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct State {
@@ -35,9 +42,22 @@ pub struct Rules {
     pub outputs: BTreeMap<String, usize>,
 }
 
+/// What the tables are counted from, copied out of the reconciler in the
+/// loop (the copy is the loop's whole share; the counting runs beside it).
+pub struct Copied {
+    revision: u64,
+    kv: BTreeMap<String, String>,
+    problems: Vec<(String, String, String)>,
+}
+
 /// Builds the state from what the reconciler holds: the inputs the tables
 /// read and the derived keys.
 pub fn state(r: &crate::Reconciler) -> State {
+    count(copy(r))
+}
+
+/// Copies the keys the tables read, and the problems, out of the reconciler.
+pub fn copy(r: &crate::Reconciler) -> Copied {
     let mut kv: BTreeMap<String, String> = BTreeMap::new();
     for prefix in ["desired/node/", "intent/", "observed/node/", "placement/instance/"] {
         for (k, f) in r.inputs.facts.with_prefix(prefix) {
@@ -56,15 +76,20 @@ pub fn state(r: &crate::Reconciler) -> State {
             kv.insert(k.clone(), v.clone());
         }
     }
-    let cluster = Cluster::of(kv);
+    let mut problems: Vec<(String, String, String)> = r.blocked().map(|(k, why)| ("blocked".into(), k.clone(), why.clone())).collect();
+    problems.extend(r.inputs.rejected.iter().map(|(k, why)| ("rejected".into(), k.clone(), why.clone())));
+    problems.extend(r.outputs.conflicts.keys().map(|k| ("conflict".into(), k.clone(), "two rules give it two values (ccattler explain)".into())));
+    Copied { revision: r.revision(), kv, problems }
+}
+
+/// Counts the tables (off the loop: `spawn_blocking`).
+pub fn count(c: Copied) -> State {
+    let cluster = Cluster::of(c.kv);
     let mut tables = vec![cluster.summary().json()];
     for view in [View::Nodes, View::Services, View::Pending, View::Rollouts] {
         tables.extend(cluster.tables(Some(view), true).iter().map(|t| t.json()));
     }
-    let mut problems: Vec<(String, String, String)> = r.blocked().map(|(k, why)| ("blocked".into(), k.clone(), why.clone())).collect();
-    problems.extend(r.inputs.rejected.iter().map(|(k, why)| ("rejected".into(), k.clone(), why.clone())));
-    problems.extend(r.outputs.conflicts.keys().map(|k| ("conflict".into(), k.clone(), "two rules give it two values (ccattler explain)".into())));
-    State { revision: r.revision(), tables, problems }
+    State { revision: c.revision, tables, problems: c.problems }
 }
 
 /// The rules page's content.
@@ -93,11 +118,18 @@ pub struct Console {
     pub rules: tokio::sync::watch::Sender<Arc<Rules>>,
     /// `NAME:PASSWORD` lines a browser must present (HTTP basic auth), if any.
     pub users: Vec<(String, String)>,
+    /// A count is running beside the loop: the next waits for it.
+    pub counting: std::sync::atomic::AtomicBool,
 }
 
 impl Console {
     pub fn new(users: Vec<(String, String)>) -> Console {
-        Console { state: tokio::sync::watch::channel(Arc::new(State::default())).0, rules: tokio::sync::watch::channel(Arc::new(Rules::default())).0, users }
+        Console {
+            state: tokio::sync::watch::channel(Arc::new(State::default())).0,
+            rules: tokio::sync::watch::channel(Arc::new(Rules::default())).0,
+            users,
+            counting: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     /// Whether an `Authorization` header lets its bearer look.

@@ -380,6 +380,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let mut cluster_counted = Instant::now().checked_sub(CLUSTER_METRICS_EVERY).unwrap_or_else(Instant::now);
     // … and the console's tables.
     let mut console_counted = Instant::now().checked_sub(crate::console::EVERY).unwrap_or_else(Instant::now);
+    let mut console_period = crate::console::EVERY;
+    let mut rules_counted = Instant::now();
     // One op of each list is the fence / derived revision.
     let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
 
@@ -609,10 +611,29 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         shared.metrics.observe_cluster(r);
                         cluster_counted = Instant::now();
                     }
-                    if let Some(console) = shared.console.as_ref().filter(|_| console_counted.elapsed() >= crate::console::EVERY) {
-                        console.state.send_replace(Arc::new(crate::console::state(r)));
-                        console.rules.send_replace(Arc::new(crate::console::rules(r)));
+                    // The console's tables: the loop copies what they read and
+                    // a blocking thread counts them; the copy's own cost
+                    // spaces the next one (at most a tenth of the loop).
+                    if let Some(console) = shared
+                        .console
+                        .as_ref()
+                        .filter(|c| console_counted.elapsed() >= console_period && !c.counting.load(std::sync::atomic::Ordering::Acquire))
+                    {
+                        let t = Instant::now();
+                        let copied = crate::console::copy(r);
+                        if rules_counted.elapsed() >= crate::console::RULES_EVERY || console.rules.borrow().files.is_empty() {
+                            console.rules.send_replace(Arc::new(crate::console::rules(r)));
+                            rules_counted = Instant::now();
+                        }
+                        console_period = crate::console::EVERY.max(t.elapsed() * crate::console::LOOP_SHARE_INVERSE);
                         console_counted = Instant::now();
+                        console.counting.store(true, std::sync::atomic::Ordering::Release);
+                        let console = console.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let state = crate::console::count(copied);
+                            console.state.send_replace(Arc::new(state));
+                            console.counting.store(false, std::sync::atomic::Ordering::Release);
+                        });
                     }
                     if let Some(why) = broken {
                         warn!("{why}; taking a new snapshot");

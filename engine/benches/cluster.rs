@@ -4,6 +4,10 @@
 //! `cargo bench -p ccattler-engine --bench cluster [-- --nodes N --services N
 //! --instances N --changes N --workers N --rules DIR --write-facts FILE]`
 //!
+//! `-- --unrelated 0,200,1000`: the cost of rules no change reaches — the
+//! shipped rules plus N generated rules over an input no change writes, side
+//! by side in one run (empty revision, intent change, clock tick).
+//!
 //! Reports cold load-and-evaluate time, per-change latency (p50/p99) for four
 //! kinds of change, the from-scratch recomputation time and its ratio to an
 //! incremental change, and peak RSS per fact.
@@ -67,6 +71,11 @@ fn main() {
     assert_eq!(checked.errors(), 0, "{}", checked.render());
     let program = Arc::new(checked.program.expect("a checked program"));
 
+    if let Some(list) = synth::arg::<String>("--unrelated") {
+        let ns: Vec<usize> = list.split(',').map(|n| n.trim().parse().expect("--unrelated N,N,…")).collect();
+        unrelated(&p, &rules, &ns, changes, workers);
+        return;
+    }
     if std::env::args().any(|a| a == "--pending") {
         // Side by side in one run: the plain cluster, then the same with 10 %
         // of services spread by zone (max_skew 1) and 10 % of nodes tainted
@@ -397,4 +406,73 @@ fn drain(session: &mut Session, p: &Params) {
         engine.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );
+}
+
+/// `n` generated rules over `unrelated_in`, an input no change writes: a
+/// chain of relations, each joining the input again under a filter of its own.
+fn unrelated_rules(n: usize) -> String {
+    let mut out = String::from("/// An input no change in the bench writes.\ninput unrelated_in(a: name, v: int) from \"desired/unrelated/{a}\"\n");
+    for i in 0..n {
+        out += &format!("/// Generated rule {i}.\nrelation u{i}(a: name, v: int)\n");
+        if i == 0 {
+            out += "u0(a, v) :- unrelated_in(a, v), v > 0.\n";
+        } else {
+            out += &format!("u{i}(a, v) :- u{}(a, v), unrelated_in(a, w), w > {i}.\n", i - 1);
+        }
+    }
+    if n > 0 {
+        out += &format!("/// The chain's end, so nothing is unused.\noutput unrelated_out(a: name, v: int) to \"effective/unrelated/{{a}}\"\nunrelated_out(a, v) :- u{}(a, v).\n", n - 1);
+    }
+    out
+}
+
+/// The shipped rules with 0, 200, 1,000… unrelated rules beside them: what a
+/// revision costs, side by side (the cost should follow the change).
+fn unrelated(p: &Params, rules: &str, ns: &[usize], changes: usize, workers: usize) {
+    let facts = synth::cluster(p);
+    let writes: Vec<Write> = facts.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
+    println!("cluster: {p:?}, {} input facts, {workers} worker(s)", writes.len());
+    let mut rows = Vec::new();
+    for &n in ns {
+        let dir = std::env::temp_dir().join(format!("ccattler-unrelated-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("unrelated.rules"), unrelated_rules(n)).unwrap();
+        let mut paths: Vec<std::path::PathBuf> = vec![rules.into()];
+        if n > 0 {
+            paths.push(dir.clone());
+        }
+        let checked = ccattler_parser::load(&paths).expect("rules load");
+        assert_eq!(checked.errors(), 0, "{}", checked.render());
+        let program = Arc::new(checked.program.expect("a checked program"));
+        let (nrules, nstrata) = (program.rules.len(), program.strata.len());
+        let mut session = Session::new(program, workers).expect("engine");
+        session.write(&writes).expect("cold load");
+        let mut empty = Latency { first: vec![], settled: vec![] };
+        let mut intent = Latency { first: vec![], settled: vec![] };
+        let mut tick = Latency { first: vec![], settled: vec![] };
+        for i in 0..changes {
+            measure(&mut session, &[], &mut empty);
+            let s = synth::service_name(i * 11 % p.services);
+            let k = synth::instances_of(p, i * 11 % p.services);
+            measure(&mut session, &[(format!("intent/autoscaler/service/{s}/instances"), Some((k / 2 + 1 + i % 2).to_string()))], &mut intent);
+            measure(&mut session, &[("status/clock".to_string(), Some((synth::SYNTH_CLOCK + 1 + i as i64).to_string()))], &mut tick);
+        }
+        println!("--- shipped rules + {n} unrelated ({nrules} rules, {nstrata} strata)");
+        let e = report("empty revision", &mut empty);
+        let i = report("intent changed (below the max)", &mut intent);
+        let t = report("cluster clock advanced", &mut tick);
+        rows.push((n, e, i, t));
+        drop(session);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let (_, e0, i0, t0) = rows[0];
+    for (n, e, i, t) in &rows[1..] {
+        println!(
+            "+{n} unrelated rules: empty revision {:.2}x, intent change {:.2}x, clock tick {:.2}x (first diff p50, against +{})",
+            e.as_secs_f64() / e0.as_secs_f64(),
+            i.as_secs_f64() / i0.as_secs_f64(),
+            t.as_secs_f64() / t0.as_secs_f64(),
+            rows[0].0
+        );
+    }
 }

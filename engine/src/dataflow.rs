@@ -280,7 +280,56 @@ fn tag<'s, T: Timestamp + Lattice + Ord>(rule: usize, rows: Coll<'s, T>) -> Coll
 
 /// Builds every stratum into `scope`. `inputs` holds a collection per input
 /// relation.
-pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<RelId, Coll<'s, u64>>, unit: Coll<'s, u64>) -> Built<'s> {
+/// The program's independent parts: relations joined when a rule reads one
+/// and derives the other (or a built-in reads one for the other), as
+/// connected components, each sorted and the list ordered by its first
+/// relation. Each part is a dataflow of its own, so a revision that changes
+/// nothing a part reads costs that part nothing (see `runtime`).
+pub fn components(program: &Program, plans: &[Rc<RulePlan>]) -> Vec<Vec<RelId>> {
+    let n = program.relations.len();
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn root(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    let mut union = |a: usize, b: usize| {
+        let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
+        if ra != rb {
+            parent[ra.max(rb)] = ra.min(rb);
+        }
+    };
+    for p in plans {
+        for step in &p.steps {
+            if let Step::Join { rel, .. } | Step::AntiJoin { rel, .. } = step {
+                union(p.head, *rel);
+            }
+        }
+    }
+    for (rel, r) in program.relations.iter().enumerate() {
+        for read in r.builtin.iter().flat_map(|b| b.reads()) {
+            union(rel, read);
+        }
+    }
+    let mut parts: BTreeMap<usize, Vec<RelId>> = BTreeMap::new();
+    for rel in 0..n {
+        let r = root(&mut parent, rel);
+        parts.entry(r).or_default().push(rel);
+    }
+    parts.into_values().collect()
+}
+
+/// Builds the relations of one part (`only`, from [`components`]; the
+/// inputs given are that part's).
+pub fn build<'s>(
+    program: &Program,
+    plans: &[Rc<RulePlan>],
+    inputs: BTreeMap<RelId, Coll<'s, u64>>,
+    unit: Coll<'s, u64>,
+    only: &std::collections::BTreeSet<RelId>,
+) -> Built<'s> {
     let is_output = |rel: RelId| program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
     let mut attributed = BTreeMap::new();
     let mut traces = BTreeMap::new();
@@ -290,7 +339,7 @@ pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<Rel
     let arity = |rel: RelId| program.relations[rel].arity();
     let mut top = Scope { rels: inputs, unit, arranged: BTreeMap::new() };
     for stratum in &program.strata {
-        let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| !top.rels.contains_key(r)).collect();
+        let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| only.contains(r) && !top.rels.contains_key(r)).collect();
         if derived.is_empty() {
             continue;
         }
