@@ -157,7 +157,7 @@ async fn measure_console(client: &mut etcd_client::Client, port: u16, p: &Params
         let now = client.get(key.as_str(), None).await.unwrap().kvs().first().map(|kv| kv.value_str().unwrap().parse::<i64>().unwrap()).unwrap_or(0);
         let t = Instant::now();
         let rev = client.put(key.as_str(), (now + 1).to_string(), None).await.unwrap().header().unwrap().revision();
-        browser.wait_for("the put on the page", std::time::Duration::from_secs(60), || {
+        browser.wait_for("the put on the page", std::time::Duration::from_secs(300), || {
             browser.eval("return String(window.ccattlerTiming.revision)").parse::<i64>().is_ok_and(|r| r >= rev)
         });
         live.push(t.elapsed().as_secs_f64() * 1e3);

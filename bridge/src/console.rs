@@ -21,9 +21,6 @@ pub const EVERY: Duration = Duration::from_secs(1);
 /// a copy that took 50 ms waits at least 50 ms × this before the next.
 pub const LOOP_SHARE_INVERSE: u32 = 10;
 
-/// How often the rules page's key counts are recounted.
-pub const RULES_EVERY: Duration = Duration::from_secs(30);
-
 /// What a page shows, at one revision.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct State {
@@ -59,14 +56,23 @@ pub fn state(r: &crate::Reconciler) -> State {
 /// Copies the keys the tables read, and the problems, out of the reconciler.
 pub fn copy(r: &crate::Reconciler) -> Copied {
     let mut kv: BTreeMap<String, String> = BTreeMap::new();
+    // Only what the console's tables read: not the per-instance reports
+    // under observed/node/N/instance/, and of each instance's effective keys
+    // only its service and state (the copy is the loop's cost).
     for prefix in ["desired/node/", "intent/", "observed/node/", "placement/instance/"] {
         for (k, f) in r.inputs.facts.with_prefix(prefix) {
+            if prefix == "observed/node/" && k.split('/').nth(3) == Some("instance") {
+                continue;
+            }
             kv.insert(k.clone(), f.value.clone());
         }
     }
     let resolved = &r.outputs.resolved;
     for prefix in ["effective/service/", "effective/instance/", "placement/", "endpoint/", "status/unplaced/", "status/rollout/"] {
         for (k, v) in resolved.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)) {
+            if prefix == "effective/instance/" && !(k.ends_with("/service") || k.ends_with("/state")) {
+                continue;
+            }
             kv.insert(k.clone(), v.clone());
         }
     }

@@ -379,9 +379,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     // When the cluster gauges were last recounted (a walk of the derived keys).
     let mut cluster_counted = Instant::now().checked_sub(CLUSTER_METRICS_EVERY).unwrap_or_else(Instant::now);
     // … and the console's tables.
-    let mut console_counted = Instant::now().checked_sub(crate::console::EVERY).unwrap_or_else(Instant::now);
-    let mut console_period = crate::console::EVERY;
-    let mut rules_counted = Instant::now();
+    let mut console = ConsoleClock::default();
     // One op of each list is the fence / derived revision.
     let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
 
@@ -611,30 +609,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                         shared.metrics.observe_cluster(r);
                         cluster_counted = Instant::now();
                     }
-                    // The console's tables: the loop copies what they read and
-                    // a blocking thread counts them; the copy's own cost
-                    // spaces the next one (at most a tenth of the loop).
-                    if let Some(console) = shared
-                        .console
-                        .as_ref()
-                        .filter(|c| console_counted.elapsed() >= console_period && !c.counting.load(std::sync::atomic::Ordering::Acquire))
-                    {
-                        let t = Instant::now();
-                        let copied = crate::console::copy(r);
-                        if rules_counted.elapsed() >= crate::console::RULES_EVERY || console.rules.borrow().files.is_empty() {
-                            console.rules.send_replace(Arc::new(crate::console::rules(r)));
-                            rules_counted = Instant::now();
-                        }
-                        console_period = crate::console::EVERY.max(t.elapsed() * crate::console::LOOP_SHARE_INVERSE);
-                        console_counted = Instant::now();
-                        console.counting.store(true, std::sync::atomic::Ordering::Release);
-                        let console = console.clone();
-                        tokio::task::spawn_blocking(move || {
-                            let state = crate::console::count(copied);
-                            console.state.send_replace(Arc::new(state));
-                            console.counting.store(false, std::sync::atomic::Ordering::Release);
-                        });
-                    }
+                    console_recount(&shared, r, &mut console);
                     if let Some(why) = broken {
                         warn!("{why}; taking a new snapshot");
                         continue 'connect;
@@ -680,6 +655,9 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                 }
                 _ = tick.tick() => {
+                    // A change that came while the console waited out its
+                    // period is counted here, though nothing else comes.
+                    console_recount(&shared, r, &mut console);
                     match leader.as_ref() {
                         // (The loop's head sees a lapse.)
                         Some(_) => {}
@@ -1061,4 +1039,41 @@ mod tests {
             .unwrap();
         assert_eq!(controller_prefixes(&program), p(&["effective/o/", "secret/", "status/", "v/"]));
     }
+}
+
+/// When the console's tables were last counted, and how long to wait
+/// before the next.
+struct ConsoleClock {
+    counted: Option<Instant>,
+    period: Duration,
+}
+
+impl Default for ConsoleClock {
+    fn default() -> Self {
+        ConsoleClock { counted: None, period: crate::console::EVERY }
+    }
+}
+
+/// The console's tables, if it is on, behind the reconciler and due: the loop
+/// copies what they read and a blocking thread counts them; the copy's own
+/// cost spaces the next one (at most a tenth of the loop).
+fn console_recount(shared: &Shared, r: &Reconciler, clock: &mut ConsoleClock) {
+    use std::sync::atomic::Ordering;
+    let Some(console) = shared.console.as_ref() else { return };
+    let due = clock.counted.is_none_or(|t| t.elapsed() >= clock.period);
+    if !due || console.counting.load(Ordering::Acquire) || console.state.borrow().revision >= r.revision() {
+        return;
+    }
+    let t = Instant::now();
+    let copied = crate::console::copy(r);
+    console.rules.send_replace(Arc::new(crate::console::rules(r)));
+    clock.period = crate::console::EVERY.max(t.elapsed() * crate::console::LOOP_SHARE_INVERSE);
+    clock.counted = Some(Instant::now());
+    console.counting.store(true, Ordering::Release);
+    let console = console.clone();
+    tokio::task::spawn_blocking(move || {
+        let state = crate::console::count(copied);
+        console.state.send_replace(Arc::new(state));
+        console.counting.store(false, Ordering::Release);
+    });
 }
