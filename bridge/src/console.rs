@@ -43,7 +43,8 @@ pub struct Rules {
 /// loop (the copy is the loop's whole share; the counting runs beside it).
 pub struct Copied {
     revision: u64,
-    kv: BTreeMap<String, String>,
+    /// Unsorted: the map is built beside the loop, not in it.
+    kv: Vec<(String, String)>,
     problems: Vec<(String, String, String)>,
 }
 
@@ -55,7 +56,7 @@ pub fn state(r: &crate::Reconciler) -> State {
 
 /// Copies the keys the tables read, and the problems, out of the reconciler.
 pub fn copy(r: &crate::Reconciler) -> Copied {
-    let mut kv: BTreeMap<String, String> = BTreeMap::new();
+    let mut kv: Vec<(String, String)> = Vec::new();
     // Only what the console's tables read: not the per-instance reports
     // under observed/node/N/instance/, and of each instance's effective keys
     // only its service and state (the copy is the loop's cost).
@@ -64,7 +65,7 @@ pub fn copy(r: &crate::Reconciler) -> Copied {
             if prefix == "observed/node/" && k.split('/').nth(3) == Some("instance") {
                 continue;
             }
-            kv.insert(k.clone(), f.value.clone());
+            kv.push((k.clone(), f.value.clone()));
         }
     }
     let resolved = &r.outputs.resolved;
@@ -73,13 +74,13 @@ pub fn copy(r: &crate::Reconciler) -> Copied {
             if prefix == "effective/instance/" && !(k.ends_with("/service") || k.ends_with("/state")) {
                 continue;
             }
-            kv.insert(k.clone(), v.clone());
+            kv.push((k.clone(), v.clone()));
         }
     }
     // Node states only, not the node views under the same prefix.
     for (k, v) in resolved.range("effective/node/".to_string()..).take_while(|(k, _)| k.starts_with("effective/node/")) {
         if k.ends_with("/state") && k.matches('/').count() == 3 {
-            kv.insert(k.clone(), v.clone());
+            kv.push((k.clone(), v.clone()));
         }
     }
     let mut problems: Vec<(String, String, String)> = r.blocked().map(|(k, why)| ("blocked".into(), k.clone(), why.clone())).collect();
@@ -90,7 +91,7 @@ pub fn copy(r: &crate::Reconciler) -> Copied {
 
 /// Counts the tables (off the loop: `spawn_blocking`).
 pub fn count(c: Copied) -> State {
-    let cluster = Cluster::of(c.kv);
+    let cluster = Cluster::of(c.kv.into_iter().collect());
     let mut tables = vec![cluster.summary().json()];
     for view in [View::Nodes, View::Services, View::Pending, View::Rollouts] {
         tables.extend(cluster.tables(Some(view), true).iter().map(|t| t.json()));
