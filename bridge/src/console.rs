@@ -48,12 +48,6 @@ pub struct Copied {
     problems: Vec<(String, String, String)>,
 }
 
-/// Builds the state from what the reconciler holds: the inputs the tables
-/// read and the derived keys.
-pub fn state(r: &crate::Reconciler) -> State {
-    count(copy(r))
-}
-
 /// Copies the keys the tables read, and the problems, out of the reconciler.
 pub fn copy(r: &crate::Reconciler) -> Copied {
     let mut kv: Vec<(String, String)> = Vec::new();
@@ -162,3 +156,40 @@ fn constant_eq(a: &str, b: &str) -> bool {
 pub const INDEX_HTML: &str = include_str!("ui/index.html");
 pub const APP_JS: &str = include_str!("ui/app.js");
 pub const APP_CSS: &str = include_str!("ui/app.css");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine as _;
+
+    fn basic(text: &[u8]) -> String {
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(text))
+    }
+
+    #[test]
+    fn the_gate_admits_only_a_listed_name_with_its_own_password() {
+        let c = Console::new(vec![("ops".into(), "pw-1".into()), ("dev".into(), "pw-2".into())]);
+        assert!(c.admits(Some(&basic(b"ops:pw-1"))));
+        assert!(c.admits(Some(&basic(b"dev:pw-2"))));
+        for refused in [
+            None,
+            Some(basic(b"ops:pw-2")),               // another user's password
+            Some(basic(b"ops:pw-1x")),              // a longer one
+            Some(basic(b"ops:")),                   // none
+            Some(basic(b"ops")),                    // no colon
+            Some(basic(b":pw-1")),                  // no name
+            Some(basic(b"ops:pw-1\n")),             // a trailing newline
+            Some(basic(&[0xff, 0xfe, b':', b'x'])), // not UTF-8
+            Some("Basic !!!not-base64".into()),
+            Some("Bearer pw-1".into()),
+            Some(String::new()),
+        ] {
+            assert!(!c.admits(refused.as_deref()), "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn without_users_the_console_is_open_as_on_a_cluster_without_auth() {
+        assert!(Console::new(Vec::new()).admits(None));
+    }
+}

@@ -3,7 +3,7 @@
 
 use crate::controller::Shared;
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing;
 use axum::Router;
@@ -17,14 +17,18 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
         .route("/metrics", routing::get(metrics))
         .route("/explain", routing::get(explain));
     if shared.console.is_some() {
-        app = app
-            .route("/ui", routing::get(|h: HeaderMap, s: State<Arc<Shared>>| asset(h, s, "text/html; charset=utf-8", crate::console::INDEX_HTML)))
-            .route("/ui/", routing::get(|h: HeaderMap, s: State<Arc<Shared>>| asset(h, s, "text/html; charset=utf-8", crate::console::INDEX_HTML)))
-            .route("/ui/app.js", routing::get(|h: HeaderMap, s: State<Arc<Shared>>| asset(h, s, "text/javascript; charset=utf-8", crate::console::APP_JS)))
-            .route("/ui/app.css", routing::get(|h: HeaderMap, s: State<Arc<Shared>>| asset(h, s, "text/css; charset=utf-8", crate::console::APP_CSS)))
+        let html = || ui_asset("text/html; charset=utf-8", crate::console::INDEX_HTML);
+        // Every console route behind one gate: its own credential.
+        let console = Router::new()
+            .route("/ui", html())
+            .route("/ui/", html())
+            .route("/ui/app.js", ui_asset("text/javascript; charset=utf-8", crate::console::APP_JS))
+            .route("/ui/app.css", ui_asset("text/css; charset=utf-8", crate::console::APP_CSS))
             .route("/api/state", routing::get(api_state))
             .route("/api/rules", routing::get(api_rules))
-            .route("/api/events", routing::get(api_events));
+            .route("/api/events", routing::get(api_events))
+            .route_layer(axum::middleware::from_fn_with_state(shared.clone(), console_gate));
+        app = app.merge(console);
     }
     let app = app.with_state(shared);
     if let Err(e) = axum::serve(listener, app).await {
@@ -33,55 +37,42 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
 }
 
 /// The console's gate: 401 (asking for basic auth) unless the console's
-/// credential is presented; `None` lets the request through.
-fn refused(s: &Shared, headers: &HeaderMap) -> Option<axum::response::Response> {
-    let console = s.console.as_ref()?;
-    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if console.admits(auth) {
-        return None;
+/// credential is presented.
+async fn console_gate(State(s): State<Arc<Shared>>, request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let auth = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if s.console.as_ref().is_some_and(|c| c.admits(auth)) {
+        return next.run(request).await;
     }
-    Some(
-        (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Basic realm=\"ccattler console\"")], "the console needs its credential (--ui-credentials)\n")
-            .into_response(),
-    )
+    (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Basic realm=\"ccattler console\"")], "the console needs its credential (--ui-credentials)\n")
+        .into_response()
 }
 
-async fn asset(headers: HeaderMap, State(s): State<Arc<Shared>>, kind: &'static str, body: &'static str) -> axum::response::Response {
-    if let Some(no) = refused(&s, &headers) {
-        return no;
-    }
-    ([(header::CONTENT_TYPE, kind), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+/// One embedded file of the page.
+fn ui_asset(kind: &'static str, body: &'static str) -> routing::MethodRouter<Arc<Shared>> {
+    routing::get(move || async move { ([(header::CONTENT_TYPE, kind), (header::CACHE_CONTROL, "no-cache")], body) })
+}
+
+fn console(s: &Shared) -> &crate::console::Console {
+    s.console.as_ref().expect("routed only with the console")
 }
 
 /// `GET /api/state`: the newest tables (JSON).
-async fn api_state(headers: HeaderMap, State(s): State<Arc<Shared>>) -> axum::response::Response {
-    if let Some(no) = refused(&s, &headers) {
-        return no;
-    }
-    let console = s.console.as_ref().expect("routed only with the console");
-    let state = console.state.borrow().clone();
+async fn api_state(State(s): State<Arc<Shared>>) -> axum::response::Response {
+    let state = console(&s).state.borrow().clone();
     axum::Json(&*state).into_response()
 }
 
 /// `GET /api/rules`: the rule files run, and each output's size.
-async fn api_rules(headers: HeaderMap, State(s): State<Arc<Shared>>) -> axum::response::Response {
-    if let Some(no) = refused(&s, &headers) {
-        return no;
-    }
-    let console = s.console.as_ref().expect("routed only with the console");
-    let rules = console.rules.borrow().clone();
+async fn api_rules(State(s): State<Arc<Shared>>) -> axum::response::Response {
+    let rules = console(&s).rules.borrow().clone();
     axum::Json(&*rules).into_response()
 }
 
 /// `GET /api/events`: a server-sent event (`state`) with the tables each time
 /// they change — one stream a page, not a poll a row.
-async fn api_events(headers: HeaderMap, State(s): State<Arc<Shared>>) -> axum::response::Response {
+async fn api_events(State(s): State<Arc<Shared>>) -> axum::response::Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
-    if let Some(no) = refused(&s, &headers) {
-        return no;
-    }
-    let console = s.console.as_ref().expect("routed only with the console");
-    let mut rx = console.state.subscribe();
+    let mut rx = console(&s).state.subscribe();
     rx.mark_changed(); // the current state first
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.changed().await.ok()?;
