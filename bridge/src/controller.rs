@@ -638,7 +638,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     let c = &mut clock.as_mut().expect("just set").1;
                     let now = c.now();
                     if c.written != Some(now) {
-                        match etcd::write(&mut client, &l.fence, &[], Some((CLOCK_KEY, now.to_string()))).await {
+                        match write_within(&mut client, &l.fence, &[], Some((CLOCK_KEY, now.to_string()))).await {
                             Ok(Written::Committed(_)) => c.written = Some(now),
                             Ok(Written::Refused(_)) => warn!("the clock was not written: leadership changed"),
                             // Out of space: the clock stands still (time without writes does not count).
@@ -658,6 +658,14 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     // A change that came while the console waited out its
                     // period is counted here, though nothing else comes.
                     console_recount(&shared, r, &mut console);
+                    // Our own write not even received for long: the watch is
+                    // stuck (the loop would otherwise wait for it, silently).
+                    let received = shared.health.received.load(Ordering::SeqCst);
+                    if let Some((rev, waited)) = gate.stuck(r.revision(), received, Instant::now(), WATCH_STALL) {
+                        warn!(revision = rev, received, applied = r.revision(), waited = ?waited, "the watch has not delivered a revision this controller wrote; taking a new snapshot and watch");
+                        shared.health.no_progress(format!("the watch did not deliver revision {rev} (written by this controller) within {waited:?}"));
+                        continue 'connect;
+                    }
                     match leader.as_ref() {
                         // (The loop's head sees a lapse.)
                         Some(_) => {}
@@ -861,6 +869,26 @@ enum WriteBack {
 /// Transactions in flight at once during write-back.
 const IN_FLIGHT: usize = 8;
 
+/// How long one write-back transaction may go unanswered before the
+/// connection counts as broken (an answer that never comes would otherwise
+/// hold the loop, silently, for ever).
+const TXN_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How long the watch may go without delivering a revision this controller
+/// committed before it counts as stuck (a new snapshot and watch follow).
+const WATCH_STALL: Duration = Duration::from_secs(30);
+
+/// One fenced write, failing with a timeout after [`TXN_DEADLINE`].
+async fn write_within(client: &mut Client, fence: &Fence, ops: &[crate::reconcile::Op], stamp: Option<(&str, String)>) -> Result<Written, etcd_client::Error> {
+    match tokio::time::timeout(TXN_DEADLINE, etcd::write(client, fence, ops, stamp)).await {
+        Ok(result) => result,
+        Err(_) => Err(etcd_client::Error::IoError(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("etcd did not answer a transaction of {} key(s) within {TXN_DEADLINE:?}", ops.len()),
+        ))),
+    }
+}
+
 /// Writes the planned difference in transactions of at most `max_ops` keys,
 /// several in flight. Each is fenced on its own and touches distinct keys, so
 /// their order does not matter; after a refusal no new one starts.
@@ -901,7 +929,7 @@ async fn write_back(
             }
             let (mut c, f) = (client.clone(), fence.clone());
             running.spawn(async move {
-                let result = etcd::write(&mut c, &f, &chunk, stamp.map(|k| (k, derived.to_string()))).await;
+                let result = write_within(&mut c, &f, &chunk, stamp.map(|k| (k, derived.to_string()))).await;
                 (chunk, result)
             });
         }
@@ -989,7 +1017,7 @@ async fn seal_secrets(
     let mut last = None;
     for chunk in crate::reconcile::chunks(ops, budget) {
         let chunk = chunk.as_slice();
-        match etcd::write(client, fence, chunk, None).await? {
+        match write_within(client, fence, chunk, None).await? {
             Written::Committed(rev) => {
                 book.written(chunk, rev);
                 info!(keys = chunk.len(), revision = rev, "sealed secrets written");

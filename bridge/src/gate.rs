@@ -7,6 +7,8 @@
 //!   applied — for at most [`MAX_DEFER`], so a steady stream cannot starve
 //!   the write-back.
 //! * Refusals in a row back off, 100 ms doubling to 2 s.
+//! * A watch that has not even received a revision the controller wrote
+//!   is stuck once it stays so for long ([`WriteGate::stuck`]).
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +23,8 @@ pub struct WriteGate {
     refusals: u32,
     /// Since when planning has waited for delivered watch data.
     deferred: Option<Instant>,
+    /// Since when the watch has not received `wait_until`.
+    unreceived: Option<Instant>,
 }
 
 impl WriteGate {
@@ -51,6 +55,19 @@ impl WriteGate {
     pub fn refusals(&self) -> u32 {
         self.refusals
     }
+
+    /// The revision waited for and for how long, once the watch has gone
+    /// `bound` or longer without receiving it (`received`: the newest
+    /// revision it delivered, applied or not). A watch only behind the
+    /// engine is not stuck: what it received is being applied.
+    pub fn stuck(&mut self, applied: u64, received: u64, now: Instant, bound: Duration) -> Option<(u64, Duration)> {
+        if applied >= self.wait_until || received >= self.wait_until {
+            self.unreceived = None;
+            return None;
+        }
+        let waited = now.duration_since(*self.unreceived.get_or_insert(now));
+        (waited >= bound).then_some((self.wait_until, waited))
+    }
 }
 
 #[cfg(test)]
@@ -75,6 +92,23 @@ mod tests {
         // Caught up: the next backlog is deferred afresh.
         assert!(g.open(1, false, t + MAX_DEFER));
         assert!(!g.open(1, true, t + MAX_DEFER + Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn a_watch_that_never_receives_our_own_write_is_stuck_after_the_bound() {
+        let (mut g, t, bound) = (WriteGate::default(), Instant::now(), Duration::from_secs(30));
+        g.committed(9);
+        assert_eq!(g.stuck(5, 8, t, bound), None);
+        assert_eq!(g.stuck(5, 8, t + Duration::from_secs(29), bound), None);
+        assert_eq!(g.stuck(5, 8, t + bound, bound), Some((9, bound)));
+        // Received, only not yet applied (a busy engine): not stuck, and the
+        // wait counts afresh afterwards.
+        assert_eq!(g.stuck(5, 9, t + Duration::from_secs(40), bound), None);
+        g.committed(12);
+        assert_eq!(g.stuck(9, 11, t + Duration::from_secs(41), bound), None);
+        assert_eq!(g.stuck(9, 11, t + Duration::from_secs(70), bound), None);
+        assert!(g.stuck(9, 11, t + Duration::from_secs(71), bound).is_some());
+        assert_eq!(g.stuck(12, 11, t + Duration::from_secs(72), bound), None, "applied");
     }
 
     #[test]

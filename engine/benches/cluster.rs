@@ -8,13 +8,20 @@
 //! shipped rules plus N generated rules over an input no change writes, side
 //! by side in one run (empty revision, intent change, clock tick).
 //!
+//! `-- --peer`: the engine side by side with a hand-written differential
+//! dataflow of the controller's core (`peer/mod.rs`), on the same cluster
+//! and the same changes, alternating; their outputs are checked equal.
+//!
 //! Reports cold load-and-evaluate time, per-change latency (p50/p99) for four
 //! kinds of change, the from-scratch recomputation time and its ratio to an
 //! incremental change, and peak RSS per fact.
 
+mod peer;
+
 use ccattler_engine::session::Write;
 use ccattler_engine::synth::{self, Params};
 use ccattler_engine::Session;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,6 +81,10 @@ fn main() {
     if let Some(list) = synth::arg::<String>("--unrelated") {
         let ns: Vec<usize> = list.split(',').map(|n| n.trim().parse().expect("--unrelated N,N,…")).collect();
         unrelated(&p, &rules, &ns, changes, workers);
+        return;
+    }
+    if std::env::args().any(|a| a == "--peer") {
+        versus_peer(p, program, changes, workers);
         return;
     }
     if std::env::args().any(|a| a == "--pending") {
@@ -475,4 +486,187 @@ fn unrelated(p: &Params, rules: &str, ns: &[usize], changes: usize, workers: usi
             rows[0].0
         );
     }
+}
+
+/// The placement keys the engine holds (what its write-back put in etcd).
+fn placements(session: &Session) -> BTreeMap<String, String> {
+    session
+        .derived()
+        .range::<str, _>((std::ops::Bound::Included("placement/instance/"), std::ops::Bound::Excluded("placement/instance0")))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// What changed between two placement maps, as writes.
+fn moved(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<Write> {
+    let mut w: Vec<Write> = after.iter().filter(|(k, v)| before.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
+    w.extend(before.keys().filter(|k| !after.contains_key(*k)).map(|k| (k.clone(), None)));
+    w
+}
+
+/// The peer's outputs against the engine's: equal, or the bench stops.
+fn check(session: &Session, peer: &peer::Peer, program: &ccattler_parser::Program, when: &str) -> usize {
+    let ours = peer.derived();
+    let theirs: BTreeMap<String, String> = session
+        .derived()
+        .iter()
+        .filter(|(k, _)| (k.starts_with("effective/service/") && k.ends_with("/instances")) || k.starts_with("endpoint/service/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if ours != theirs {
+        let only_peer: Vec<_> = ours.iter().filter(|(k, v)| theirs.get(*k) != Some(*v)).take(5).collect();
+        let only_engine: Vec<_> = theirs.iter().filter(|(k, v)| ours.get(*k) != Some(*v)).take(5).collect();
+        panic!("{when}: the peer's keys differ from the engine's ({} vs {}); peer only {only_peer:?}; engine only {only_engine:?}", ours.len(), theirs.len());
+    }
+    let used = program.relation("used").expect("the shipped rules define used");
+    let engine_used: BTreeMap<(String, String), i64> = session
+        .engine()
+        .query(used)
+        .expect("query used")
+        .into_iter()
+        .map(|row| ((row[0].text().into_owned(), row[1].text().into_owned()), row[2].as_int().expect("an amount")))
+        .filter(|((_, r), _)| r == "cpu" || r == "memory")
+        .collect();
+    let peer_used = peer.used();
+    if peer_used != engine_used {
+        let diff: Vec<_> = peer_used.iter().filter(|(k, v)| engine_used.get(*k) != Some(*v)).take(5).collect();
+        panic!("{when}: the peer's usage differs from the engine's ({} vs {} rows): {diff:?}", peer_used.len(), engine_used.len());
+    }
+    ours.len() + peer_used.len()
+}
+
+/// The engine and the hand-written peer on the same cluster and the same
+/// changes, one after the other for each change; ratios of medians.
+fn versus_peer(p: Params, program: Arc<ccattler_parser::Program>, changes: usize, workers: usize) {
+    timely::execute_directly(move |worker| {
+        let facts = synth::cluster(&p);
+        let writes: Vec<Write> = facts.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
+        drop(facts);
+        println!("cluster: {p:?}, {} input facts; engine with {workers} worker(s), the peer with 1", writes.len());
+
+        let rss = rss_kib("VmRSS:");
+        let t = Instant::now();
+        let mut peer = peer::Peer::new(worker);
+        peer.write(worker, &writes);
+        let peer_cold = t.elapsed();
+        let peer_kib = rss_kib("VmRSS:") - rss;
+
+        let rss = rss_kib("VmRSS:");
+        let t = Instant::now();
+        let mut session = Session::new(program.clone(), workers).expect("engine");
+        session.write(&writes).expect("cold load");
+        let engine_cold = t.elapsed();
+        let engine_kib = rss_kib("VmRSS:") - rss;
+        let engine_held = writes.len() + session.derived().len();
+        // The engine placed nothing new (a converged cluster): the same
+        // placements as the facts, so the peer needs none fed.
+        let mut placed = placements(&session);
+        let checked = check(&session, &peer, &program, "after the cold load");
+        let peer_held = peer.facts() + checked;
+        println!("outputs checked equal after the cold load: {checked} keys and usage rows");
+        println!(
+            "cold load+evaluate: engine {:.2} s, peer {:.2} s ({:.1}x)",
+            engine_cold.as_secs_f64(),
+            peer_cold.as_secs_f64(),
+            engine_cold.as_secs_f64() / peer_cold.as_secs_f64()
+        );
+        let (engine_bpf, peer_bpf) = (engine_kib as f64 * 1024.0 / engine_held as f64, peer_kib as f64 * 1024.0 / peer_held as f64);
+        println!(
+            "memory: engine {} MiB for {engine_held} facts ({engine_bpf:.0} bytes/fact); peer {} MiB for {peer_held} ({peer_bpf:.0} bytes/fact); {:.1}x",
+            engine_kib / 1024,
+            peer_kib / 1024,
+            engine_bpf / peer_bpf
+        );
+
+        let mut rows: Vec<(&str, Vec<Duration>, Vec<Duration>)> = Vec::new();
+        let timed = |session: &mut Session, peer: &mut peer::Peer, worker: &mut timely::worker::Worker, w: &[Write]| {
+            let t = Instant::now();
+            session.write(w).expect("engine write");
+            let e = t.elapsed();
+            let t = Instant::now();
+            peer.write(worker, w);
+            (e, t.elapsed())
+        };
+        let svc = |i: usize| synth::service_name(i % p.services);
+        let mut run = |name: &'static str, ws: Vec<Vec<Write>>, session: &mut Session, peer: &mut peer::Peer, worker: &mut timely::worker::Worker| {
+            let (mut e, mut q) = (Vec::new(), Vec::new());
+            for w in ws {
+                let (a, b) = timed(session, peer, worker, &w);
+                e.push(a);
+                q.push(b);
+            }
+            rows.push((name, e, q));
+        };
+        run("empty revision", (0..changes).map(|_| vec![]).collect(), &mut session, &mut peer, worker);
+        let intents = (0..changes)
+            .map(|i| {
+                let n = synth::instances_of(&p, i * 11 % p.services);
+                vec![(format!("intent/autoscaler/service/{}/instances", svc(i * 11)), Some((n / 2 + 1 + i % 2).to_string()))]
+            })
+            .collect();
+        run("intent changed (below the max)", intents, &mut session, &mut peer, worker);
+        let ticks = (0..changes).map(|i| vec![("status/clock".to_string(), Some((synth::SYNTH_CLOCK + 1 + i as i64).to_string()))]).collect();
+        run("cluster clock advanced", ticks, &mut session, &mut peer, worker);
+        // Node death and return: the engine re-places the node's instances
+        // (settled: its write-back too); the peer is fed where the engine
+        // put them, outside the timing, as etcd would deliver them.
+        let (mut death, mut back) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+        for i in 0..changes.min(30) {
+            let key = format!("observed/node/{}/alive", synth::node_name(i * 13 % p.nodes));
+            let (e, q) = timed(&mut session, &mut peer, worker, &[(key.clone(), None)]);
+            death.0.push(e);
+            death.1.push(q);
+            let now = placements(&session);
+            peer.write(worker, &moved(&placed, &now));
+            placed = now;
+            let (e, q) = timed(&mut session, &mut peer, worker, &[(key, Some(format!("{}", 7_000_000 + i * 13 % p.nodes)))]);
+            back.0.push(e);
+            back.1.push(q);
+            let now = placements(&session);
+            peer.write(worker, &moved(&placed, &now));
+            placed = now;
+        }
+        rows.push(("node died (engine: re-placed)", death.0, death.1));
+        rows.push(("node alive again", back.0, back.1));
+        // Scale-up, settled: the engine places the new instance; the peer
+        // only creates it (it does not place).
+        let mut up = (Vec::new(), Vec::new());
+        for i in 0..changes {
+            let n = synth::instances_of(&p, i * 7 % p.services);
+            let key = format!("intent/user/service/{}/instances", svc(i * 7));
+            let (e, q) = timed(&mut session, &mut peer, worker, &[(key.clone(), Some((n + 1).to_string()))]);
+            up.0.push(e);
+            up.1.push(q);
+            let now = placements(&session);
+            peer.write(worker, &moved(&placed, &now));
+            placed = now;
+            session.write(&[(key.clone(), Some(n.to_string()))]).expect("undo");
+            peer.write(worker, &[(key, Some(n.to_string()))]);
+            let now = placements(&session);
+            peer.write(worker, &moved(&placed, &now));
+            placed = now;
+        }
+        rows.push(("service scaled up by one (engine: placed)", up.0, up.1));
+        let checked = check(&session, &peer, &program, "after the changes");
+        println!("outputs checked equal after the changes: {checked} keys and usage rows");
+
+        println!("{:<42} {:>12} {:>12} {:>8}", "p50 (settled)", "engine", "peer", "ratio");
+        let mut medians = BTreeMap::new();
+        for (name, mut e, mut q) in rows {
+            e.sort();
+            q.sort();
+            let (a, b) = (pct(&e, 0.5), pct(&q, 0.5));
+            println!("{name:<42} {:>12} {:>12} {:>7.0}x", ms(a), ms(b), a.as_secs_f64() / b.as_secs_f64());
+            medians.insert(name, (a, b));
+        }
+        let intent_peer = medians["intent changed (below the max)"].1;
+        let node_peer = medians["node died (engine: re-placed)"].1;
+        println!("targets (issue #23): empty revision / peer's intent change {:.0}x (≤ 10x); intent change {:.0}x (≤ 20x); node death {:.0}x and scale-up {:.0}x the peer's node death (≤ 20x); clock tick / empty revision {:.1}x (≤ 2x)",
+            medians["empty revision"].0.as_secs_f64() / intent_peer.as_secs_f64(),
+            medians["intent changed (below the max)"].0.as_secs_f64() / intent_peer.as_secs_f64(),
+            medians["node died (engine: re-placed)"].0.as_secs_f64() / node_peer.as_secs_f64(),
+            medians["service scaled up by one (engine: placed)"].0.as_secs_f64() / node_peer.as_secs_f64(),
+            medians["cluster clock advanced"].0.as_secs_f64() / medians["empty revision"].0.as_secs_f64(),
+        );
+    });
 }
