@@ -90,6 +90,8 @@ pub struct Health {
     applied: std::sync::atomic::AtomicU64,
     /// Since when a delivered revision has waited to be applied.
     behind_since: std::sync::Mutex<Option<Instant>>,
+    /// What the control loop is doing, and since when.
+    phase: std::sync::Mutex<(Instant, &'static str)>,
 }
 
 impl Health {
@@ -100,7 +102,19 @@ impl Health {
             received: Default::default(),
             applied: Default::default(),
             behind_since: std::sync::Mutex::new(None),
+            phase: std::sync::Mutex::new((Instant::now(), IDLE)),
         }
+    }
+
+    /// The control loop starts on `phase` ([`IDLE`]: waiting for work).
+    fn enter(&self, phase: &'static str) {
+        *self.phase.lock().expect("health") = (Instant::now(), phase);
+    }
+
+    /// What the loop is busy with and since when (None while idle).
+    fn busy(&self) -> Option<(&'static str, Instant)> {
+        let (since, phase) = *self.phase.lock().expect("health");
+        (phase != IDLE).then_some((phase, since))
     }
 
     fn progress(&self) {
@@ -135,12 +149,45 @@ impl Health {
                 return Some(format!("no progress for {:.0} s: {why}", since.elapsed().as_secs_f64()));
             }
         }
+        if let Some((phase, since)) = self.busy().filter(|(_, since)| since.elapsed() > self.bound.max(LOOP_STUCK)) {
+            return Some(format!("the control loop has been {phase} for {:.0} s", since.elapsed().as_secs_f64()));
+        }
         let behind = *self.behind_since.lock().expect("health");
         if let Some(since) = behind.filter(|s| s.elapsed() > self.bound) {
             let (got, done) = (self.received.load(Ordering::SeqCst), self.applied.load(Ordering::SeqCst));
             return Some(format!("the engine has not applied revision {got} (applied {done}) for {:.0} s", since.elapsed().as_secs_f64()));
         }
         None
+    }
+}
+
+/// The control loop's phase while it waits for work.
+const IDLE: &str = "waiting";
+
+/// How long one phase of the control loop may take before the watchdog
+/// names it (a loop that hangs says where).
+const LOOP_STUCK: Duration = Duration::from_secs(20);
+
+/// Logs, once per episode, a control loop busy with one thing for longer
+/// than [`LOOP_STUCK`]. A thread of its own: it speaks even when every
+/// runtime thread is blocked.
+fn watch_the_loop(shared: std::sync::Weak<Shared>) {
+    let spawned = std::thread::Builder::new().name("loop-watchdog".into()).spawn(move || {
+        let mut reported: Option<Instant> = None;
+        loop {
+            std::thread::sleep(Duration::from_secs(2));
+            let Some(shared) = shared.upgrade() else { return };
+            if let Some((phase, since)) = shared.health.busy().filter(|(_, since)| since.elapsed() > LOOP_STUCK) {
+                if reported != Some(since) {
+                    let took = since.elapsed().as_secs();
+                    error!(phase, seconds = took, "the control loop has been {phase} for {took} s without finishing");
+                    reported = Some(since);
+                }
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        warn!(error = %e, "the loop watchdog could not start");
     }
 }
 
@@ -361,6 +408,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         info!(%addr, "serving /healthz, /readyz, /metrics");
         tokio::spawn(crate::http::serve(listener, shared.clone()));
     }
+    watch_the_loop(Arc::downgrade(&shared));
     let mut hup = signal(SignalKind::hangup())?;
     let mut reconciler: Option<Reconciler> = None;
     // The fence of the leadership held before a reconnect, if any.
@@ -384,6 +432,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
 
     'connect: loop {
+        // (Loading a snapshot is watched by its own errors, not the watchdog.)
+        shared.health.enter(IDLE);
         shared.ready.store(false, Ordering::SeqCst);
         shared.metrics.leader.set(0);
         let t = Instant::now();
@@ -503,6 +553,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
             }
             // The program it runs, for the CLI: once per leadership and program.
             if let Some(l) = leader.as_ref().filter(|l| published != Some(l.fence.create_revision)) {
+                shared.health.enter("publishing the rules under status/program/");
                 match publish_program(&mut client, &l.fence, &program).await {
                     Ok(()) => published = Some(l.fence.create_revision),
                     Err(e) if etcd::is_nospace(&e) => {}
@@ -515,6 +566,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 // Out of space: only deletes, until etcd's alarm list (asked
                 // every NOSPACE_RETRY) says the alarm is gone.
                 if nospace_since.is_some_and(|t| t.elapsed() >= NOSPACE_RETRY) {
+                    shared.health.enter("reading etcd's alarms");
                     match leader::nospace(&mut client).await {
                         Ok(false) => writes_again(&mut nospace_since, &shared.metrics),
                         Ok(true) => nospace_since = Some(Instant::now()),
@@ -525,6 +577,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                 }
                 let deletes_only = nospace_since.is_some();
+                shared.health.enter("writing back");
                 match write_back(&mut client, r, &fence, budget, &shared.metrics, deletes_only).await {
                     Ok(WriteBack::Idle | WriteBack::Committed(_)) if deletes_only => {
                         shared.health.no_progress("etcd is out of space (NOSPACE alarm): only deleting".into());
@@ -535,6 +588,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     // Nothing derived to write: secret values next.
                     Ok(WriteBack::Idle) if book.is_dirty() => {
                         gate.committed(0);
+                        shared.health.enter("sealing secrets");
                         match seal_secrets(&mut client, &mut book, secret_keys.as_ref(), &fence, budget, &mut unsealable).await {
                             Ok(Some(at)) => gate.committed(at),
                             Ok(None) => {}
@@ -591,8 +645,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                 }
             }
+            shared.health.enter(IDLE);
             tokio::select! {
                 messages = watch.next_all() => {
+                    shared.health.enter("applying revisions");
                     // Everything the watch has already delivered goes to the engine at once.
                     let crate::watch::Decoded { batch, observed, head, leader_seen, broken } = crate::watch::decode(messages, r.revision());
                     for (key, value) in &observed {
@@ -628,6 +684,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                 }
                 _ = clock_tick.tick(), if with_clock => {
+                    shared.health.enter("writing the clock");
                     let Some(l) = leader.as_ref() else {
                         clock = None;
                         continue;
@@ -655,6 +712,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                 }
                 _ = tick.tick() => {
+                    shared.health.enter("on its 250 ms tick (console copy, leadership)");
                     // A change that came while the console waited out its
                     // period is counted here, though nothing else comes.
                     console_recount(&shared, r, &mut console);
@@ -1055,6 +1113,21 @@ async fn sleep_or_stop(d: Duration, stop: &mut tokio::sync::watch::Receiver<bool
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loop_busy_with_one_thing_too_long_fails_health_and_an_idle_one_never_does() {
+        let h = Health::new(Duration::from_secs(3));
+        h.enter("writing back");
+        assert_eq!(h.problem(), None, "just started");
+        let long_ago = Instant::now() - LOOP_STUCK - Duration::from_secs(5);
+        *h.phase.lock().unwrap() = (long_ago, "writing back");
+        let problem = h.problem().expect("stuck");
+        assert!(problem.contains("the control loop has been writing back for 25 s"), "{problem}");
+        assert_eq!(h.busy().map(|(p, _)| p), Some("writing back"));
+        *h.phase.lock().unwrap() = (long_ago, IDLE);
+        assert_eq!(h.problem(), None, "waiting for work is no problem, however long");
+        assert_eq!(h.busy(), None);
+    }
 
     #[test]
     fn the_watch_covers_the_declared_prefixes_not_the_keyspace() {
