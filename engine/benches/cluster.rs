@@ -541,7 +541,6 @@ fn versus_peer(p: Params, program: Arc<ccattler_parser::Program>, changes: usize
     timely::execute_directly(move |worker| {
         let facts = synth::cluster(&p);
         let writes: Vec<Write> = facts.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
-        drop(facts);
         println!("cluster: {p:?}, {} input facts; engine with {workers} worker(s), the peer with 1", writes.len());
 
         let rss = rss_kib("VmRSS:");
@@ -557,6 +556,9 @@ fn versus_peer(p: Params, program: Arc<ccattler_parser::Program>, changes: usize
         session.write(&writes).expect("cold load");
         let engine_cold = t.elapsed();
         let engine_kib = rss_kib("VmRSS:") - rss;
+        // (Dropped only now: memory freed before a load would be reused by
+        // it and hide part of its growth.)
+        drop(facts);
         let engine_held = writes.len() + session.derived().len();
         // The engine placed nothing new (a converged cluster): the same
         // placements as the facts, so the peer needs none fed.
