@@ -321,6 +321,46 @@ pub fn components(program: &Program, plans: &[Rc<RulePlan>]) -> Vec<Vec<RelId>> 
     parts.into_values().collect()
 }
 
+/// What the rules deriving `derived` read: relations their atoms join or
+/// anti-join, and what their built-ins read (outside `derived` or not).
+pub fn reads(program: &Program, plans: &[Rc<RulePlan>], derived: &std::collections::BTreeSet<RelId>) -> std::collections::BTreeSet<RelId> {
+    let mut out = std::collections::BTreeSet::new();
+    for p in plans.iter().filter(|p| derived.contains(&p.head)) {
+        for step in &p.steps {
+            if let Step::Join { rel, .. } | Step::AntiJoin { rel, .. } = step {
+                out.insert(*rel);
+            }
+        }
+    }
+    for &rel in derived {
+        out.extend(program.relations[rel].builtin.iter().flat_map(|b| b.reads()));
+    }
+    out
+}
+
+/// The program as groups of derived relations, in an order where a group
+/// reads only inputs and relations of groups before it: one per stratum
+/// (each a dataflow of its own, advanced only when rows reach it), or one
+/// per independent part (`parts`), or a single one (`one`).
+pub fn groups(program: &Program, plans: &[Rc<RulePlan>], split: Split) -> Vec<std::collections::BTreeSet<RelId>> {
+    let is_input = |rel: RelId| program.relations[rel].kind == ccattler_parser::ast::DeclKind::Input;
+    let derived_of = |rels: &mut dyn Iterator<Item = RelId>| -> std::collections::BTreeSet<RelId> { rels.filter(|r| !is_input(*r)).collect() };
+    let groups: Vec<std::collections::BTreeSet<RelId>> = match split {
+        Split::Strata => program.strata.iter().map(|s| derived_of(&mut s.relations.iter().copied())).collect(),
+        Split::Parts => components(program, plans).into_iter().map(|c| derived_of(&mut c.into_iter())).collect(),
+        Split::One => vec![derived_of(&mut (0..program.relations.len()))],
+    };
+    groups.into_iter().filter(|g| !g.is_empty()).collect()
+}
+
+/// How the program is cut into dataflows ([`groups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Strata,
+    Parts,
+    One,
+}
+
 /// Builds the relations of one part (`only`, from [`components`]; the
 /// inputs given are that part's).
 pub fn build<'s>(

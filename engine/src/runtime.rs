@@ -137,12 +137,16 @@ impl Engine {
         let (done_tx, reports) = channel();
         let done_tx = Arc::new(Mutex::new(done_tx));
         let prog = program.clone();
+        let plans: Vec<Rc<RulePlan>> = plan::plan(&program).into_iter().map(Rc::new).collect();
+        let ngroups = dataflow::groups(&program, &plans, split()).len();
+        drop(plans);
+        let shared = Arc::new(Shared { barrier: std::sync::Barrier::new(workers), fed_at: (0..ngroups).map(|_| Default::default()).collect() });
         let config = if workers == 1 { timely::Config::thread() } else { timely::Config::process(workers) };
         let guards = timely::execute(config, move |worker| {
             let rx = receivers.lock().expect("receiver list").get_mut(worker.index()).and_then(Option::take);
             let tx = done_tx.lock().expect("sender").clone();
             if let Some(rx) = rx {
-                run_worker(worker, &prog, rx, tx);
+                run_worker(worker, &prog, &shared, rx, tx);
             }
         })
         .map_err(EngineError::Stopped)?;
@@ -403,36 +407,65 @@ fn injected_panic_at() -> Option<u64> {
     std::env::var("CCATTLER_INJECT_WORKER_PANIC").ok()?.parse().ok()
 }
 
-fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiver<Cmd>, tx: Sender<Report>) {
+/// How the program is cut into dataflows: by stratum unless
+/// `CCATTLER_ENGINE_SPLIT` says `parts` (one per independent part) or `one`
+/// (a single dataflow, as before either split: the benches' baselines;
+/// `CCATTLER_ENGINE_ONE_DATAFLOW=1` is `one`).
+fn split() -> dataflow::Split {
+    if std::env::var_os("CCATTLER_ENGINE_ONE_DATAFLOW").is_some_and(|v| v == "1") {
+        return dataflow::Split::One;
+    }
+    match std::env::var("CCATTLER_ENGINE_SPLIT").as_deref() {
+        Ok("parts") => dataflow::Split::Parts,
+        Ok("one") => dataflow::Split::One,
+        _ => dataflow::Split::Strata,
+    }
+}
+
+/// What the workers share: a barrier, and per group the last revision at
+/// which some worker fed it rows (every worker advances a group together).
+struct Shared {
+    barrier: std::sync::Barrier,
+    fed_at: Vec<std::sync::atomic::AtomicU64>,
+}
+
+fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &Shared, rx: Receiver<Cmd>, tx: Sender<Report>) {
+    use std::sync::atomic::Ordering;
     let panic_at = injected_panic_at().filter(|_| worker.index() + 1 == worker.peers());
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
     let outputs: Rc<OutputBuffer> = Rc::new(RefCell::new(Vec::new()));
-    // One dataflow per independent part of the program: a revision advances
-    // only the parts its changes reach, so the operators of a part with
-    // nothing to do are not stepped at all.
-    let mut parts: Vec<Part> = Vec::new();
+    // One dataflow per group of relations (a stratum, by default): a
+    // revision advances only the groups rows reach, so the operators of a
+    // group with nothing to do are not stepped at all.
+    let mut groups: Vec<Group> = Vec::new();
     let mut traces: BTreeMap<RelId, QueryTrace> = BTreeMap::new();
-    // `CCATTLER_ENGINE_ONE_DATAFLOW=1` builds the whole program as one
-    // dataflow, advanced at every revision, as before the split: the
-    // benches' side-by-side baseline.
-    let one_dataflow = std::env::var_os("CCATTLER_ENGINE_ONE_DATAFLOW").is_some_and(|v| v == "1");
-    let mut components = dataflow::components(program, &plans);
-    if one_dataflow {
-        components = vec![components.concat()];
+    let specs = dataflow::groups(program, &plans, split());
+    debug_assert_eq!(specs.len(), shared.fed_at.len());
+    // Which groups read each relation (an input, or one a group before derives).
+    let mut readers: BTreeMap<RelId, Vec<usize>> = BTreeMap::new();
+    let all_reads: Vec<Vec<RelId>> =
+        specs.iter().map(|derived| dataflow::reads(program, &plans, derived).into_iter().filter(|r| !derived.contains(r)).collect()).collect();
+    for (g, reads) in all_reads.iter().enumerate() {
+        for &r in reads {
+            readers.entry(r).or_default().push(g);
+        }
     }
-    for members in components {
-        let only: std::collections::BTreeSet<RelId> = members.iter().copied().collect();
+    for (g, derived) in specs.iter().enumerate() {
+        let reads = &all_reads[g];
+        // Rows of these relations go on to the groups that read them.
+        let fed_on: std::collections::BTreeSet<RelId> = derived.iter().copied().filter(|r| readers.contains_key(r)).collect();
+        let feed: Rc<OutputBuffer> = Rc::new(RefCell::new(Vec::new()));
         let probe = Probe::new();
-        let (mut unit_input, inputs, part_traces) = worker.dataflow::<u64, _, _>(|scope| {
+        let (mut unit_input, inputs, group_traces) = worker.dataflow::<u64, _, _>(|scope| {
             let (unit_input, unit) = scope.new_collection::<Row, isize>();
             let mut inputs: BTreeMap<RelId, InputSession<u64, Row, isize>> = BTreeMap::new();
             let mut colls: BTreeMap<RelId, Coll<'_, u64>> = BTreeMap::new();
-            for (rel, _) in program.inputs().filter(|(rel, _)| only.contains(rel)) {
+            for &rel in reads {
                 let (input, coll) = scope.new_collection::<Row, isize>();
                 inputs.insert(rel, input);
                 colls.insert(rel, coll);
             }
-            let built = dataflow::build(program, &plans, colls, unit, &only);
+            let built = dataflow::build(program, &plans, colls, unit, derived);
             for (rel, coll) in built.attributed {
                 let buf = outputs.clone();
                 coll.inspect_batch(move |_t, data| {
@@ -442,10 +475,16 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                 .probe_with(&probe);
             }
             let mut traces = built.traces;
-            for (rel, coll) in built.relations {
-                // Inputs are not arranged for queries: whoever feeds the engine holds them.
-                let is_input = program.relations[rel].kind == ccattler_parser::ast::DeclKind::Input;
-                if traces.contains_key(&rel) || is_input {
+            for (rel, coll) in built.relations.into_iter().filter(|(rel, _)| derived.contains(rel)) {
+                // (The probe comes after the inspect: it passes a revision
+                // only once the rows to pass on have been taken.)
+                let coll = if fed_on.contains(&rel) {
+                    let buf = feed.clone();
+                    coll.inspect_batch(move |_t, data| buf.borrow_mut().extend(data.iter().map(|(row, t, d)| (rel, row.clone(), *t, *d))))
+                } else {
+                    coll
+                };
+                if traces.contains_key(&rel) {
                     coll.probe_with(&probe);
                 } else {
                     let arranged = coll.arrange_by_self();
@@ -458,12 +497,11 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
         if worker.index() == 0 {
             unit_input.insert(Vec::<Value>::new());
         }
-        let rels = part_traces.keys().copied().collect();
-        traces.extend(part_traces);
-        // Every part runs once at the first revision (rules with no input).
-        parts.push(Part { unit_input, inputs, probe, rels, dirty: true, advanced: 0 });
+        let rels = group_traces.keys().copied().collect();
+        traces.extend(group_traces);
+        // Every group runs once at the first revision (rules with no input).
+        groups.push(Group { unit_input, inputs, probe, rels, feed, dirty: true, advanced: 0 });
     }
-    let part_of: BTreeMap<RelId, usize> = parts.iter().enumerate().flat_map(|(i, p)| p.inputs.keys().map(move |r| (*r, i))).collect();
     // A command that arrived while staged work was being done.
     let mut next: Option<Cmd> = None;
     // Revisions snapshots read at (with how many snapshots each): the traces
@@ -479,10 +517,10 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
         };
         match cmd {
             Cmd::Stage { at, changes, touched } => {
-                mark(&mut parts, &part_of, &touched);
-                feed(&mut parts, &part_of, at, changes);
-                for part in parts.iter_mut().filter(|p| p.dirty) {
-                    for input in part.inputs.values_mut() {
+                mark(&mut groups, &readers, &touched);
+                feed(&mut groups, &readers, at, changes);
+                for group in groups.iter_mut().filter(|g| g.dirty) {
+                    for input in group.inputs.values_mut() {
                         input.flush();
                     }
                 }
@@ -503,27 +541,17 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
             }
             Cmd::Apply { batches, touched } => {
                 let Some(&(rev, _)) = batches.last() else { continue };
-                mark(&mut parts, &part_of, &touched);
+                mark(&mut groups, &readers, &touched);
                 if panic_at.is_some_and(|at| rev >= at) {
                     panic!("injected worker panic at revision {rev} (CCATTLER_INJECT_WORKER_PANIC)");
                 }
                 for (at, changes) in batches {
-                    feed(&mut parts, &part_of, at, changes);
-                }
-                // Only the parts the changes reached move to the next time;
-                // the others keep their frontier (nothing in them changed,
-                // so what they hold is what they would hold at `rev`).
-                for part in parts.iter_mut().filter(|p| p.dirty) {
-                    part.unit_input.advance_to(rev + 1);
-                    part.unit_input.flush();
-                    for input in part.inputs.values_mut() {
-                        input.advance_to(rev + 1);
-                        input.flush();
-                    }
+                    feed(&mut groups, &readers, at, changes);
                 }
                 // Output rows go out in parts as they come, so the caller
                 // can take them in while the evaluation goes on.
-                let send_part = |outputs: &OutputBuffer| {
+                let mut reporting = true;
+                let mut send_part = |outputs: &OutputBuffer| {
                     let part: Vec<Change> = outputs
                         .borrow_mut()
                         .drain(..)
@@ -532,28 +560,62 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
                             (rel, row, d)
                         })
                         .collect();
-                    part.is_empty() || tx.send(Report::Part(part)).is_ok()
-                };
-                while parts.iter().any(|p| p.dirty && p.probe.less_equal(&rev)) {
-                    worker.step();
-                    if outputs.borrow().len() >= PART_ROWS && !send_part(&outputs) {
-                        return;
+                    if !part.is_empty() && reporting {
+                        reporting = tx.send(Report::Part(part)).is_ok();
                     }
+                };
+                // Groups in order: one that some worker fed rows (or that
+                // reads a changed input) moves to the next time, together
+                // on every worker; the others keep their frontier (nothing
+                // in them changed, so what they hold is what they would
+                // hold at `rev`).
+                for g in 0..groups.len() {
+                    if !groups[g].dirty && shared.fed_at[g].load(Ordering::Acquire) != rev {
+                        continue;
+                    }
+                    let group = &mut groups[g];
+                    group.dirty = true;
+                    group.unit_input.advance_to(rev + 1);
+                    group.unit_input.flush();
+                    for input in group.inputs.values_mut() {
+                        input.advance_to(rev + 1);
+                        input.flush();
+                    }
+                    while groups[g].probe.less_equal(&rev) {
+                        worker.step();
+                        if outputs.borrow().len() >= PART_ROWS {
+                            send_part(&outputs);
+                        }
+                    }
+                    let rows: Vec<(RelId, Row, u64, isize)> = groups[g].feed.borrow_mut().drain(..).collect();
+                    for (rel, row, t, d) in rows {
+                        for &reader in readers.get(&rel).into_iter().flatten() {
+                            debug_assert!(reader > g, "a group reads only groups before it");
+                            if let Some(input) = groups[reader].inputs.get_mut(&rel) {
+                                input.update_at(row.clone(), t, d);
+                                shared.fed_at[reader].store(rev, Ordering::Release);
+                            }
+                        }
+                    }
+                    // Every worker has passed this group on before any
+                    // decides which group comes next.
+                    shared.barrier.wait();
                 }
                 let oldest = pinned.keys().next().copied().unwrap_or(rev).min(rev);
-                for part in parts.iter_mut().filter(|p| p.dirty) {
-                    part.dirty = false;
-                    part.advanced = rev;
-                    // A part's traces are compacted no further than the time
+                for group in groups.iter_mut().filter(|g| g.dirty) {
+                    group.dirty = false;
+                    group.advanced = rev;
+                    // A group's traces are compacted no further than the time
                     // it was last advanced to, and than the oldest pin.
-                    let frontier = Antichain::from_elem(oldest.min(part.advanced));
-                    for rel in &part.rels {
-                        let t = traces.get_mut(rel).expect("a part's trace");
+                    let frontier = Antichain::from_elem(oldest.min(group.advanced));
+                    for rel in &group.rels {
+                        let t = traces.get_mut(rel).expect("a group's trace");
                         t.set_logical_compaction(frontier.borrow());
                         t.set_physical_compaction(frontier.borrow());
                     }
                 }
-                if !send_part(&outputs) || tx.send(Report::Done { rev }).is_err() {
+                send_part(&outputs);
+                if !reporting || tx.send(Report::Done { rev }).is_err() {
                     return;
                 }
             }
@@ -579,14 +641,18 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, rx: Receiv
     }
 }
 
-/// One independent part of the program ([`dataflow::components`]): its own
-/// dataflow, inputs and probe.
-struct Part {
+/// One group of the program ([`dataflow::groups`]): its own dataflow,
+/// inputs and probe.
+struct Group {
     unit_input: InputSession<u64, Row, isize>,
+    /// Its inputs: the input relations it reads, and the relations of
+    /// groups before it that it reads (fed their rows as they come).
     inputs: BTreeMap<RelId, InputSession<u64, Row, isize>>,
     probe: Probe<u64>,
-    /// The relations whose query traces this part holds.
+    /// The relations whose query traces this group holds.
     rels: Vec<RelId>,
+    /// Rows of its relations that later groups read, not yet passed on.
+    feed: Rc<OutputBuffer>,
     /// Changes were fed since it last advanced: the next revision moves it.
     dirty: bool,
     /// The last revision it was advanced through.
@@ -594,28 +660,34 @@ struct Part {
 }
 
 /// The input relations some change is to, sorted: every worker advances the
-/// parts that read them (worker 0 alone is fed the changes, but all must
-/// move a part's time together).
+/// groups that read them (worker 0 alone is fed the changes, but all must
+/// move a group's time together).
 fn touched<'a>(changes: impl IntoIterator<Item = &'a Change>) -> Vec<RelId> {
     let set: std::collections::BTreeSet<RelId> = changes.into_iter().map(|(rel, _, _)| *rel).collect();
     set.into_iter().collect()
 }
 
-/// Marks the parts that read `touched` to be advanced at the next revision.
-fn mark(parts: &mut [Part], part_of: &BTreeMap<RelId, usize>, touched: &[RelId]) {
+/// Marks the groups that read `touched` to be advanced at the next revision.
+fn mark(groups: &mut [Group], readers: &BTreeMap<RelId, Vec<usize>>, touched: &[RelId]) {
     for rel in touched {
-        if let Some(&i) = part_of.get(rel) {
-            parts[i].dirty = true;
+        for &g in readers.get(rel).into_iter().flatten() {
+            groups[g].dirty = true;
         }
     }
 }
 
-/// Enters changes into their parts' input sessions at time `at` (not yet
-/// flushed).
-fn feed(parts: &mut [Part], part_of: &BTreeMap<RelId, usize>, at: u64, changes: Vec<Change>) {
+/// Enters input changes into the sessions of the groups that read them at
+/// time `at` (not yet flushed).
+fn feed(groups: &mut [Group], readers: &BTreeMap<RelId, Vec<usize>>, at: u64, changes: Vec<Change>) {
     for (rel, row, d) in changes {
-        if let Some(input) = part_of.get(&rel).and_then(|&i| parts[i].inputs.get_mut(&rel)) {
-            input.update_at(row, at, d);
+        let Some(gs) = readers.get(&rel) else { continue };
+        for (n, &g) in gs.iter().enumerate() {
+            let input = groups[g].inputs.get_mut(&rel).expect("a reader has the input");
+            if n + 1 == gs.len() {
+                input.update_at(row, at, d);
+                break;
+            }
+            input.update_at(row.clone(), at, d);
         }
     }
 }
