@@ -557,3 +557,21 @@ fn get_of_a_word_that_is_no_key_prefix_points_at_status() {
     let err = text(&out.stderr);
     assert!(err.contains("\"nodes\" is not a key prefix") && err.contains("ccattler status nodes"), "{err}");
 }
+
+#[test]
+fn controller_ui_with_etcd_auth_and_no_console_credential_is_a_usage_error() {
+    // (Judged from the flags, before etcd is contacted: nothing listens here.)
+    let etcd = ["--etcd", "http://127.0.0.1:1", "--etcd-user", "controller", "--etcd-password", "x"];
+    let out = ccattler(&[&["controller", "--ui"][..], &etcd].concat());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--ui with etcd's auth on needs --ui-credentials FILE"), "{}", text(&out.stderr));
+    // A credential file with no NAME:PASSWORD line is named, not taken as "no auth".
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-credentials");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("empty");
+    std::fs::write(&file, "").unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let out = ccattler(&[&["controller", "--ui", "--ui-credentials", file.to_str().unwrap()][..], &etcd].concat());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("no NAME:PASSWORD line") && text(&out.stderr).contains(file.to_str().unwrap()), "{}", text(&out.stderr));
+}
