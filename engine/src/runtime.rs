@@ -117,6 +117,8 @@ pub struct Engine {
     senders: Vec<Sender<Cmd>>,
     reports: Receiver<Report>,
     guards: Option<timely::communication::WorkerGuards<()>>,
+    /// The workers' barrier and flags (poisoned once a worker panicked).
+    shared: Arc<Shared>,
     last_rev: u64,
     /// The revision changes were staged at, if any are waiting for an `apply`.
     staged: Option<u64>,
@@ -135,22 +137,26 @@ impl Engine {
         }
         let receivers = Arc::new(Mutex::new(receivers));
         let (done_tx, reports) = channel();
-        let done_tx = Arc::new(Mutex::new(done_tx));
+        // One sender per worker, taken by it: a worker that stops drops its
+        // own (timely may keep the thread, and this closure, alive).
+        let done_txs: Arc<Mutex<Vec<Option<Sender<Report>>>>> = Arc::new(Mutex::new((0..workers).map(|_| Some(done_tx.clone())).collect()));
+        drop(done_tx);
         let prog = program.clone();
         let plans: Vec<Rc<RulePlan>> = plan::plan(&program).into_iter().map(Rc::new).collect();
         let ngroups = dataflow::groups(&program, &plans, split()).len();
         drop(plans);
-        let shared = Arc::new(Shared { barrier: std::sync::Barrier::new(workers), fed_at: (0..ngroups).map(|_| Default::default()).collect() });
+        let shared = Arc::new(Shared::new(workers, ngroups));
+        let workers_shared = shared.clone();
         let config = if workers == 1 { timely::Config::thread() } else { timely::Config::process(workers) };
         let guards = timely::execute(config, move |worker| {
             let rx = receivers.lock().expect("receiver list").get_mut(worker.index()).and_then(Option::take);
-            let tx = done_tx.lock().expect("sender").clone();
-            if let Some(rx) = rx {
-                run_worker(worker, &prog, &shared, rx, tx);
+            let tx = done_txs.lock().expect("sender list").get_mut(worker.index()).and_then(Option::take);
+            if let (Some(rx), Some(tx)) = (rx, tx) {
+                run_worker(worker, &prog, &workers_shared, rx, tx);
             }
         })
         .map_err(EngineError::Stopped)?;
-        Ok(Engine { program, senders, reports, guards: Some(guards), last_rev: 0, staged: None })
+        Ok(Engine { program, senders, reports, guards: Some(guards), shared, last_rev: 0, staged: None })
     }
 
     pub fn program(&self) -> &Arc<Program> {
@@ -371,7 +377,14 @@ impl Drop for Engine {
         }
         self.senders.clear();
         if let Some(g) = self.guards.take() {
-            drop(g); // joins the worker threads
+            if self.shared.is_poisoned() {
+                // A worker panicked: the others stopped, but timely keeps
+                // their threads until every dataflow completes, which a dead
+                // peer never lets happen. Joining would wait for ever.
+                std::mem::forget(g);
+            } else {
+                drop(g); // joins the worker threads
+            }
         }
     }
 }
@@ -422,15 +435,74 @@ fn split() -> dataflow::Split {
     }
 }
 
-/// What the workers share: a barrier, and per group the last revision at
-/// which some worker fed it rows (every worker advances a group together).
+/// What the workers share: a barrier, per group the last revision at which
+/// some worker fed it rows (every worker advances a group together), and
+/// whether a worker panicked (the others then stop instead of waiting for
+/// it for ever, and `apply` fails).
 struct Shared {
-    barrier: std::sync::Barrier,
+    /// Workers arrived at the barrier, and its generation.
+    barrier: Mutex<(usize, u64)>,
+    arrived: std::sync::Condvar,
+    workers: usize,
+    poisoned: std::sync::atomic::AtomicBool,
     fed_at: Vec<std::sync::atomic::AtomicU64>,
+}
+
+impl Shared {
+    fn new(workers: usize, groups: usize) -> Shared {
+        Shared {
+            barrier: Mutex::new((0, 0)),
+            arrived: std::sync::Condvar::new(),
+            workers,
+            poisoned: Default::default(),
+            fed_at: (0..groups).map(|_| Default::default()).collect(),
+        }
+    }
+
+    /// Waits until every worker has arrived; false if a worker panicked.
+    fn wait(&self) -> bool {
+        let mut state = self.barrier.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_poisoned() {
+            return false;
+        }
+        state.0 += 1;
+        if state.0 == self.workers {
+            *state = (0, state.1 + 1);
+            self.arrived.notify_all();
+            return true;
+        }
+        let generation = state.1;
+        while state.1 == generation && !self.is_poisoned() {
+            state = self.arrived.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        !self.is_poisoned()
+    }
+
+    fn poison(&self) {
+        self.poisoned.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _state = self.barrier.lock().unwrap_or_else(|e| e.into_inner());
+        self.arrived.notify_all();
+    }
+
+    fn is_poisoned(&self) -> bool {
+        self.poisoned.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Marks the workers' shared state poisoned when its worker unwinds.
+struct PoisonOnPanic<'a>(&'a Shared);
+
+impl Drop for PoisonOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.poison();
+        }
+    }
 }
 
 fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &Shared, rx: Receiver<Cmd>, tx: Sender<Report>) {
     use std::sync::atomic::Ordering;
+    let _poison = PoisonOnPanic(shared);
     let panic_at = injected_panic_at().filter(|_| worker.index() + 1 == worker.peers());
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
     let outputs: Rc<OutputBuffer> = Rc::new(RefCell::new(Vec::new()));
@@ -582,6 +654,10 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                         input.flush();
                     }
                     while groups[g].probe.less_equal(&rev) {
+                        // A peer that panicked never makes progress again.
+                        if shared.is_poisoned() {
+                            return;
+                        }
                         worker.step();
                         if outputs.borrow().len() >= PART_ROWS {
                             send_part(&outputs);
@@ -599,7 +675,9 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                     }
                     // Every worker has passed this group on before any
                     // decides which group comes next.
-                    shared.barrier.wait();
+                    if !shared.wait() {
+                        return;
+                    }
                 }
                 let oldest = pinned.keys().next().copied().unwrap_or(rev).min(rev);
                 for group in groups.iter_mut().filter(|g| g.dirty) {
