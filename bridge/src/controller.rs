@@ -1110,38 +1110,6 @@ async fn sleep_or_stop(d: Duration, stop: &mut tokio::sync::watch::Receiver<bool
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_loop_busy_with_one_thing_too_long_fails_health_and_an_idle_one_never_does() {
-        let h = Health::new(Duration::from_secs(3));
-        h.enter("writing back");
-        assert_eq!(h.problem(), None, "just started");
-        let long_ago = Instant::now() - LOOP_STUCK - Duration::from_secs(5);
-        *h.phase.lock().unwrap() = (long_ago, "writing back");
-        let problem = h.problem().expect("stuck");
-        assert!(problem.contains("the control loop has been writing back for 25 s"), "{problem}");
-        assert_eq!(h.busy().map(|(p, _)| p), Some("writing back"));
-        *h.phase.lock().unwrap() = (long_ago, IDLE);
-        assert_eq!(h.problem(), None, "waiting for work is no problem, however long");
-        assert_eq!(h.busy(), None);
-    }
-
-    #[test]
-    fn the_watch_covers_the_declared_prefixes_not_the_keyspace() {
-        let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(watch_range(&p(&["desired/", "secret/", "status/"])), (b"desired/".to_vec(), b"status0".to_vec()));
-        // A pattern that starts with a placeholder reads everything.
-        assert_eq!(watch_range(&p(&["", "status/"])), (vec![0], vec![0]));
-        let program = ccattler_parser::check_str("t.rules", "input v(s: name) from \"v/{s}\"\noutput o(s: name) to \"effective/o/{s}\"\no(s) :- v(s).\n")
-            .program
-            .unwrap();
-        assert_eq!(controller_prefixes(&program), p(&["effective/o/", "secret/", "status/", "v/"]));
-    }
-}
-
 /// When the console's tables were last counted, and how long to wait
 /// before the next.
 struct ConsoleClock {
@@ -1177,4 +1145,36 @@ fn console_recount(shared: &Shared, r: &Reconciler, clock: &mut ConsoleClock) {
         console.state.send_replace(Arc::new(state));
         console.counting.store(false, Ordering::Release);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_busy_with_one_thing_too_long_fails_health_and_an_idle_one_never_does() {
+        let h = Health::new(Duration::from_secs(3));
+        h.enter("writing back");
+        assert_eq!(h.problem(), None, "just started");
+        let long_ago = Instant::now() - LOOP_STUCK - Duration::from_secs(5);
+        *h.phase.lock().unwrap() = (long_ago, "writing back");
+        let problem = h.problem().expect("stuck");
+        assert!(problem.contains("the control loop has been writing back for 25 s"), "{problem}");
+        assert_eq!(h.busy().map(|(p, _)| p), Some("writing back"));
+        *h.phase.lock().unwrap() = (long_ago, IDLE);
+        assert_eq!(h.problem(), None, "waiting for work is no problem, however long");
+        assert_eq!(h.busy(), None);
+    }
+
+    #[test]
+    fn the_watch_covers_the_declared_prefixes_not_the_keyspace() {
+        let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(watch_range(&p(&["desired/", "secret/", "status/"])), (b"desired/".to_vec(), b"status0".to_vec()));
+        // A pattern that starts with a placeholder reads everything.
+        assert_eq!(watch_range(&p(&["", "status/"])), (vec![0], vec![0]));
+        let program = ccattler_parser::check_str("t.rules", "input v(s: name) from \"v/{s}\"\noutput o(s: name) to \"effective/o/{s}\"\no(s) :- v(s).\n")
+            .program
+            .unwrap();
+        assert_eq!(controller_prefixes(&program), p(&["effective/o/", "secret/", "status/", "v/"]));
+    }
 }

@@ -142,10 +142,7 @@ impl Engine {
         let done_txs: Arc<Mutex<Vec<Option<Sender<Report>>>>> = Arc::new(Mutex::new((0..workers).map(|_| Some(done_tx.clone())).collect()));
         drop(done_tx);
         let prog = program.clone();
-        let plans: Vec<Rc<RulePlan>> = plan::plan(&program).into_iter().map(Rc::new).collect();
-        let ngroups = dataflow::groups(&program, &plans, split()).len();
-        drop(plans);
-        let shared = Arc::new(Shared::new(workers, ngroups));
+        let shared = Arc::new(Shared::new(workers, Layout::of(&program, split())));
         let workers_shared = shared.clone();
         let config = if workers == 1 { timely::Config::thread() } else { timely::Config::process(workers) };
         let guards = timely::execute(config, move |worker| {
@@ -428,10 +425,46 @@ fn split() -> dataflow::Split {
     if std::env::var_os("CCATTLER_ENGINE_ONE_DATAFLOW").is_some_and(|v| v == "1") {
         return dataflow::Split::One;
     }
-    match std::env::var("CCATTLER_ENGINE_SPLIT").as_deref() {
-        Ok("parts") => dataflow::Split::Parts,
-        Ok("one") => dataflow::Split::One,
-        _ => dataflow::Split::Strata,
+    let named = std::env::var("CCATTLER_ENGINE_SPLIT").ok();
+    split_named(named.as_deref()).unwrap_or_else(|why| {
+        tracing::warn!("{why}; cutting by stratum");
+        dataflow::Split::Strata
+    })
+}
+
+/// `CCATTLER_ENGINE_SPLIT`'s value as a split (unset: by stratum).
+fn split_named(name: Option<&str>) -> Result<dataflow::Split, String> {
+    match name {
+        None | Some("strata") => Ok(dataflow::Split::Strata),
+        Some("parts") => Ok(dataflow::Split::Parts),
+        Some("one") => Ok(dataflow::Split::One),
+        Some(other) => Err(format!("CCATTLER_ENGINE_SPLIT={other:?} is not strata, parts or one")),
+    }
+}
+
+/// The program cut into groups ([`dataflow::groups`]), worked out once for
+/// every worker.
+struct Layout {
+    /// Each group's derived relations, in dependency order.
+    derived: Vec<std::collections::BTreeSet<RelId>>,
+    /// Each group's inputs: the relations its rules read outside it.
+    reads: Vec<Vec<RelId>>,
+    /// Which groups read each relation (an input, or one a group before derives).
+    readers: BTreeMap<RelId, Vec<usize>>,
+}
+
+impl Layout {
+    fn of(program: &Program, split: dataflow::Split) -> Layout {
+        let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
+        let derived = dataflow::groups(program, &plans, split);
+        let reads: Vec<Vec<RelId>> = derived.iter().map(|d| dataflow::reads(program, &plans, d).into_iter().filter(|r| !d.contains(r)).collect()).collect();
+        let mut readers: BTreeMap<RelId, Vec<usize>> = BTreeMap::new();
+        for (g, rels) in reads.iter().enumerate() {
+            for &r in rels {
+                readers.entry(r).or_default().push(g);
+            }
+        }
+        Layout { derived, reads, readers }
     }
 }
 
@@ -440,6 +473,7 @@ fn split() -> dataflow::Split {
 /// whether a worker panicked (the others then stop instead of waiting for
 /// it for ever, and `apply` fails).
 struct Shared {
+    layout: Layout,
     /// Workers arrived at the barrier, and its generation.
     barrier: Mutex<(usize, u64)>,
     arrived: std::sync::Condvar,
@@ -449,13 +483,14 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(workers: usize, groups: usize) -> Shared {
+    fn new(workers: usize, layout: Layout) -> Shared {
         Shared {
+            fed_at: (0..layout.derived.len()).map(|_| Default::default()).collect(),
+            layout,
             barrier: Mutex::new((0, 0)),
             arrived: std::sync::Condvar::new(),
             workers,
             poisoned: Default::default(),
-            fed_at: (0..groups).map(|_| Default::default()).collect(),
         }
     }
 
@@ -511,17 +546,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
     // group with nothing to do are not stepped at all.
     let mut groups: Vec<Group> = Vec::new();
     let mut traces: BTreeMap<RelId, QueryTrace> = BTreeMap::new();
-    let specs = dataflow::groups(program, &plans, split());
-    debug_assert_eq!(specs.len(), shared.fed_at.len());
-    // Which groups read each relation (an input, or one a group before derives).
-    let mut readers: BTreeMap<RelId, Vec<usize>> = BTreeMap::new();
-    let all_reads: Vec<Vec<RelId>> =
-        specs.iter().map(|derived| dataflow::reads(program, &plans, derived).into_iter().filter(|r| !derived.contains(r)).collect()).collect();
-    for (g, reads) in all_reads.iter().enumerate() {
-        for &r in reads {
-            readers.entry(r).or_default().push(g);
-        }
-    }
+    let Layout { derived: specs, reads: all_reads, readers } = &shared.layout;
     for (g, derived) in specs.iter().enumerate() {
         let reads = &all_reads[g];
         // Rows of these relations go on to the groups that read them.
@@ -589,8 +614,8 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
         };
         match cmd {
             Cmd::Stage { at, changes, touched } => {
-                mark(&mut groups, &readers, &touched);
-                feed(&mut groups, &readers, at, changes);
+                mark(&mut groups, readers, &touched);
+                feed(&mut groups, readers, at, changes);
                 for group in groups.iter_mut().filter(|g| g.dirty) {
                     for input in group.inputs.values_mut() {
                         input.flush();
@@ -613,12 +638,12 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
             }
             Cmd::Apply { batches, touched } => {
                 let Some(&(rev, _)) = batches.last() else { continue };
-                mark(&mut groups, &readers, &touched);
+                mark(&mut groups, readers, &touched);
                 if panic_at.is_some_and(|at| rev >= at) {
                     panic!("injected worker panic at revision {rev} (CCATTLER_INJECT_WORKER_PANIC)");
                 }
                 for (at, changes) in batches {
-                    feed(&mut groups, &readers, at, changes);
+                    feed(&mut groups, readers, at, changes);
                 }
                 // Output rows go out in parts as they come, so the caller
                 // can take them in while the evaluation goes on.
@@ -847,6 +872,18 @@ mod tests {
 
     /// Two parts no rule connects: revisions that change only one leave the
     /// other where it was, and reads of it stay right at every revision.
+    #[test]
+    fn a_split_name_that_is_none_of_the_three_is_refused_and_named() {
+        assert_eq!(split_named(None), Ok(dataflow::Split::Strata));
+        assert_eq!(split_named(Some("strata")), Ok(dataflow::Split::Strata));
+        assert_eq!(split_named(Some("parts")), Ok(dataflow::Split::Parts));
+        assert_eq!(split_named(Some("one")), Ok(dataflow::Split::One));
+        for careless in ["Parts", "parts ", "", "stratum", "1"] {
+            let why = split_named(Some(careless)).unwrap_err();
+            assert!(why.contains(&format!("{careless:?}")) && why.contains("strata, parts or one"), "{why}");
+        }
+    }
+
     #[test]
     fn a_part_no_change_reaches_is_left_alone_and_still_reads_right() {
         let src = "input e(a: int, b: int) from \"e/{a}/{b}\"\ninput f(a: int, b: int) from \"f/{a}/{b}\"\n\
