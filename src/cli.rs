@@ -428,6 +428,12 @@ pub(crate) enum AuthAction {
         #[command(flatten)]
         etcd: EtcdArgs,
     },
+    /// Grants every existing role what this version's role table gives it
+    /// (after an upgrade that widened one); revokes nothing. Runs as root.
+    Regrant {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
 }
 
 #[derive(Subcommand)]

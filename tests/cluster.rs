@@ -767,7 +767,9 @@ async fn load_scales_a_service_up_and_its_end_scales_it_down_after_the_window() 
         t.join().unwrap();
     }
     let quiet = Instant::now();
-    wait_for("back to the user's 1 after the window", Duration::from_secs(60), || {
+    // Within: a node's usage changes at most every 30 s (agent/src/usage.rs),
+    // then a 5 s sample, the 5 s window and the autoscaler's period.
+    wait_for("back to the user's 1 after the window", Duration::from_secs(90), || {
         let mut e = etcd.clone();
         async move { get(&mut e, "effective/service/web/instances").await.as_deref() == Some("1") }
     })

@@ -48,7 +48,7 @@ async fn restart_on_a_converged_cluster_writes_nothing_and_hand_deleted_keys_com
         ("observed/node/node-1/cpu", "1000"),
         ("observed/node/node-1/memory", "1000"),
         ("observed/node/node-1/alive", "1"),
-        ("observed/node/node-1/heartbeat", "1"),
+        ("observed/node/node-1/heartbeat", "0"),
     ] {
         etcd.put(k, v, None).await.unwrap();
     }
@@ -243,7 +243,7 @@ async fn put_all(etcd: &mut Client, facts: &[(String, String)]) {
 fn cluster(nodes: usize, instances: usize) -> Vec<(String, String)> {
     let mut f = Vec::new();
     for n in 0..nodes {
-        for (k, v) in [("cpu", "100000"), ("memory", "100000"), ("alive", "1"), ("heartbeat", "1")] {
+        for (k, v) in [("cpu", "100000"), ("memory", "100000"), ("alive", "1"), ("heartbeat", "0")] {
             f.push((format!("observed/node/node-{n}/{k}"), v.to_string()));
         }
     }
@@ -998,7 +998,7 @@ async fn explain_of_a_kept_placement_shows_why_its_node_was_chosen_then() {
     let mut etcd = fresh_etcd().await;
     for (n, cpu) in [("sim-0", "4000"), ("sim-1", "8000")] {
         let k = |f: &str| format!("observed/node/{n}/{f}");
-        for (key, v) in [(k("cpu"), cpu), (k("memory"), "8192"), (k("alive"), "1"), (k("heartbeat"), "1"), (k("ttl"), "86400")] {
+        for (key, v) in [(k("cpu"), cpu), (k("memory"), "8192"), (k("alive"), "1"), (k("heartbeat"), "0"), (k("ttl"), "86400")] {
             etcd.put(key, v, None).await.unwrap();
         }
     }
@@ -1035,7 +1035,7 @@ async fn node_commands_name_unknown_nodes_and_drain_reports_what_found_no_place(
     let mut etcd = fresh_etcd().await;
     for (n, cpu) in [("sim-0", "1000"), ("sim-1", "1000")] {
         let k = |f: &str| format!("observed/node/{n}/{f}");
-        for (key, v) in [(k("cpu"), cpu), (k("memory"), "8192"), (k("alive"), "1"), (k("heartbeat"), "1"), (k("ttl"), "86400")] {
+        for (key, v) in [(k("cpu"), cpu), (k("memory"), "8192"), (k("alive"), "1"), (k("heartbeat"), "0"), (k("ttl"), "86400")] {
             etcd.put(key, v, None).await.unwrap();
         }
     }

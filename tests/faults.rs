@@ -62,7 +62,7 @@ fn secs(d: Duration) -> String {
 async fn sim_nodes(etcd: &mut Client, n: usize) {
     for i in 0..n {
         let k = |f: &str| format!("observed/node/sim-{i}/{f}");
-        for (key, v) in [(k("cpu"), "64000"), (k("memory"), "131072"), (k("alive"), "1"), (k("heartbeat"), "1"), (k("ttl"), "86400")] {
+        for (key, v) in [(k("cpu"), "64000"), (k("memory"), "131072"), (k("alive"), "1"), (k("heartbeat"), "0"), (k("ttl"), "86400")] {
             etcd.put(key, v, None).await.unwrap();
         }
     }
@@ -527,7 +527,7 @@ async fn soak() {
         .iter()
         .filter(|kv| kv.mod_revision() > before)
         .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
-        .filter(|k| !["status/leader", "status/clock"].contains(&k.as_str()) && !k.starts_with("status/heartbeat/"))
+        .filter(|k| !["status/leader", "status/clock"].contains(&k.as_str()))
         .collect();
     println!("\n| soak ({minutes} min of churn, 30 nodes, 10 services) | result |\n|---|---|");
     println!("| changes applied | {changes} |");

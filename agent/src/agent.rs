@@ -150,9 +150,14 @@ struct Conn {
     watch: WatchStream,
 }
 
-/// Keeps the lease alive and advances `observed/node/N/heartbeat` every
-/// third of the TTL, on a task of its own: a slow read or a long step of the
-/// loop never lets either lapse. It stops at the first failure and says why.
+/// Keeps the lease alive and beats every third of the TTL, on a task of its
+/// own: a slow read or a long step of the loop never lets either lapse. A
+/// beat writes `observed/node/N/heartbeat` = the cluster clock as etcd holds
+/// it now (`status/clock`, 0 before there is one): the rules judge the beat's
+/// age on that clock, so a beat costs this one write and nothing of the
+/// controller's. A beat that would repeat the last one (the clock stands
+/// still without a leader) is not written. It stops at the first failure and
+/// says why.
 struct Pulse {
     task: tokio::task::JoinHandle<()>,
     lost: tokio::sync::watch::Receiver<Option<String>>,
@@ -169,6 +174,7 @@ impl Pulse {
         let (tx, lost) = tokio::sync::watch::channel(None);
         let period = Duration::from_millis(ttl.max(1) as u64 * 1000 / 3);
         let task = tokio::spawn(async move {
+            let (mut last_beat, mut denied) = (None, false);
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -189,8 +195,30 @@ impl Pulse {
                         if let Err(e) = crate::supervise::write_ms(&deadline_file, deadline) {
                             tracing::warn!(error = %e, "cannot record the lease deadline for the instance supervisors");
                         }
-                        match client.put(heartbeat.as_str(), now_ms().to_string(), None).await {
-                            Ok(_) => continue,
+                        let beat = match read_clock(&mut client).await {
+                            Ok(beat) => beat,
+                            // A role from before agents read the clock: the lease
+                            // is kept, but without a beat the node goes stale.
+                            Err(e) if ccattler_store::etcd::permanent_refusal(&e).is_some() => {
+                                if !denied {
+                                    tracing::error!(key = layout::CLOCK, error = %e, "etcd denies this agent the cluster clock, so it cannot beat and its node will be unreachable; its role predates it: as root, run `ccattler auth regrant`");
+                                }
+                                denied = true;
+                                continue;
+                            }
+                            Err(e) => {
+                                let _ = tx.send(Some(format!("reading the cluster clock ({}): {e}", layout::CLOCK)));
+                                return;
+                            }
+                        };
+                        if last_beat == Some(beat) {
+                            continue;
+                        }
+                        match client.put(heartbeat.as_str(), beat.to_string(), None).await {
+                            Ok(_) => {
+                                last_beat = Some(beat);
+                                continue;
+                            }
                             Err(e) => format!("heartbeat: {e}"),
                         }
                     }
@@ -232,9 +260,17 @@ fn cgroup_group(node: &str, state_dir: &std::path::Path) -> String {
     format!("{node}-{:08x}", hash as u32)
 }
 
-/// The agent's clock in milliseconds: a heartbeat's value (only its change matters).
-fn now_ms() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
+/// The cluster clock as etcd holds it (a linearizable read: never a lagging
+/// member's older reading), 0 while there is none. A value that is not a
+/// clock reading is 0 too, and said: the rules judge by the controller's own.
+async fn read_clock(client: &mut Client) -> Result<i64, etcd_client::Error> {
+    let resp = client.get(layout::CLOCK, None).await?;
+    let Some(kv) = resp.kvs().first() else { return Ok(0) };
+    let text = kv.value_str().unwrap_or("");
+    Ok(text.parse::<i64>().ok().filter(|c| *c >= 0).unwrap_or_else(|| {
+        tracing::warn!(key = layout::CLOCK, value = text, "the cluster clock is not a reading; beating with 0");
+        0
+    }))
 }
 
 /// A fact the agent writes: its value, and whether it dies with the lease.
@@ -276,13 +312,15 @@ pub struct Agent {
     cgroups: crate::confine::Cgroups,
     backoff: Duration,
     generation: u64,
+    /// The usage figures reported, per service (crate::usage).
+    usage: crate::usage::Held,
     events: (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>),
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// How often instances' CPU and memory use are sampled (and at most how
-/// often they change in etcd): the average over the period, cpu rounded to
-/// 10 millicores and memory to 4 MiB, so idle or steady instances write nothing.
+/// How often instances' CPU and memory use are sampled: the average over the
+/// period, cpu rounded to 10 millicores and memory to 4 MiB. (What is written,
+/// and how often, is crate::usage's.)
 const USAGE_PERIOD: Duration = Duration::from_secs(5);
 const TXN_OPS: usize = 64;
 
@@ -360,6 +398,7 @@ impl Agent {
             next_connect: Instant::now(),
             backoff: Duration::from_millis(250),
             generation: 0,
+            usage: Default::default(),
             events: mpsc::unbounded_channel(),
             cfg,
         };
@@ -446,6 +485,10 @@ impl Agent {
                 next_usage = Instant::now() + USAGE_PERIOD;
                 self.sample_usage();
             }
+            // Every pass: a service whose last instance left drops its figures
+            // in the same write that reports the instance gone.
+            let sums = self.usage_sums();
+            self.usage.offer(sums, Instant::now().into_std());
             self.publish().await;
         }
         self.shutdown().await
@@ -650,6 +693,19 @@ impl Agent {
             }
             inst.cpu_ns = Some((cpu_ns, now));
         }
+    }
+
+    /// What the instances placed here use now, summed per service.
+    fn usage_sums(&self) -> crate::usage::Sums {
+        let mut sums = crate::usage::Sums::new();
+        let placed = |name: &String| self.wanted.as_ref().is_some_and(|w| w.contains_key(name));
+        for inst in self.instances.iter().filter(|(name, _)| placed(name)).map(|(_, inst)| inst) {
+            if let (Some((cpu, mem)), true) = (inst.usage, inst.proc.is_some()) {
+                let sum = sums.entry(inst.service.clone()).or_insert((0, 0));
+                *sum = (sum.0.saturating_add(cpu), sum.1.saturating_add(mem));
+            }
+        }
+        sums
     }
 
     /// Makes the processes match the placements: [`crate::plan::plan`]
@@ -1000,10 +1056,6 @@ impl Agent {
             if inst.proc.is_some() {
                 field("ip", self.cfg.address.clone());
                 field("port", inst.port.to_string());
-                if let Some((cpu, mem)) = inst.usage {
-                    field("usage/cpu", cpu.to_string());
-                    field("usage/memory", mem.to_string());
-                }
             }
             let health = match inst.probes.get("readiness") {
                 None => "none",
@@ -1017,6 +1069,11 @@ impl Agent {
                     put(ObservedKey::probe(node, name, p), if h { "healthy" } else { "unhealthy" }.into(), true);
                 }
             }
+        }
+        // What the instances use, per service (crate::usage); with the lease.
+        for (service, (cpu, mem)) in self.usage.figures() {
+            put(ObservedKey::new(node, &format!("usage/{service}/cpu")), cpu.to_string(), true);
+            put(ObservedKey::new(node, &format!("usage/{service}/memory")), mem.to_string(), true);
         }
         // Persistent volumes outlive the agent; they are reported without the lease.
         if let Some(wanted) = &self.wanted {
@@ -1037,20 +1094,24 @@ impl Agent {
         let mut conn = self.conn.take().expect("connected");
         let puts: Vec<(&ObservedKey, &Fact)> = want.iter().filter(|(k, f)| self.written.get(*k) != Some(*f)).collect();
         let deletes: Vec<ObservedKey> = self.written.keys().filter(|k| !want.contains_key(*k)).cloned().collect();
+        // Puts and deletes together: one revision per TXN_OPS changes, not
+        // one for the puts and another for the deletes.
+        let changes: Vec<(&ObservedKey, Option<&Fact>)> = puts.iter().map(|(k, f)| (*k, Some(*f))).chain(deletes.iter().map(|k| (k, None))).collect();
         let result: Result<(), etcd_client::Error> = async {
-            for chunk in puts.chunks(TXN_OPS) {
-                let ops: Vec<TxnOp> =
-                    chunk.iter().map(|(k, f)| TxnOp::put(k.as_str(), f.value.as_str(), f.leased.then(|| PutOptions::new().with_lease(lease)))).collect();
+            for chunk in changes.chunks(TXN_OPS) {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|(k, f)| match f {
+                        Some(f) => TxnOp::put(k.as_str(), f.value.as_str(), f.leased.then(|| PutOptions::new().with_lease(lease))),
+                        None => TxnOp::delete(k.as_str(), None),
+                    })
+                    .collect();
                 conn.client.txn(Txn::new().and_then(ops)).await?;
                 for (k, f) in chunk {
-                    self.written.insert((*k).clone(), (*f).clone());
-                }
-            }
-            for chunk in deletes.chunks(TXN_OPS) {
-                let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.as_str(), None)).collect();
-                conn.client.txn(Txn::new().and_then(ops)).await?;
-                for k in chunk {
-                    self.written.remove(k);
+                    match f {
+                        Some(f) => self.written.insert((*k).clone(), (*f).clone()),
+                        None => self.written.remove(*k),
+                    };
                 }
             }
             Ok(())

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! observed/node/N/{cpu,memory,address,alive,heartbeat,ttl,pubkey,label/K}
-//! observed/node/N/instance/I/{service,state,image,ip,port,health,restarts,reason,version,usage/*}
+//! observed/node/N/usage/S/{cpu,memory}
+//! observed/node/N/instance/I/{service,state,image,ip,port,health,restarts,reason,version}
 //! observed/node/N/probe_state/I/P
 //! observed/node/N/volume/V/size
 //! ```
@@ -17,9 +18,9 @@ use std::fmt;
 /// `observed/node/N/instance/I/`: the agent writes nothing else, and rule
 /// tests feed nothing else (`agent/tests/fixtures_contract.rs` holds the
 /// shipped rule tests to it). A process (running, stopping) has an address
-/// and usage; a crash or failure has a reason and the version it last tried.
+/// (its use is reported per service: crate::usage); a crash or failure has a reason and the version it last tried.
 pub fn reported_fields(state: &str) -> Option<&'static [&'static str]> {
-    const WITH_PROCESS: &[&str] = &["service", "state", "image", "restarts", "health", "ip", "port", "version", "usage/cpu", "usage/memory"];
+    const WITH_PROCESS: &[&str] = &["service", "state", "image", "restarts", "health", "ip", "port", "version"];
     const CRASHED: &[&str] = &["service", "state", "image", "restarts", "health", "reason", "version"];
     const WAITING: &[&str] = &["service", "state", "image", "restarts", "health", "reason"];
     match state {

@@ -13,5 +13,6 @@ pub mod runtime;
 pub mod spec;
 pub mod state;
 pub mod supervise;
+pub mod usage;
 
 pub use agent::{Agent, AgentConfig, AgentError};

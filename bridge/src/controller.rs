@@ -252,13 +252,15 @@ pub fn watch_range(prefixes: &[String]) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// The key of the cluster clock the rules judge heartbeats by.
-pub const CLOCK_KEY: &str = "status/clock";
+pub const CLOCK_KEY: &str = ccattler_store::layout::CLOCK;
 
 /// The cluster clock (`status/clock`, seconds), advanced by the leader every
 /// second by its own monotonic clock from where the last leader left it: a
 /// new leader whose wall clock is ahead never makes fresh heartbeats look
-/// stale, and time without a leader does not count. (Written only if the
-/// rules read it.)
+/// stale, and time without a leader does not count. A cluster's first leader
+/// starts it at 0, the reading agents beat with before there is a clock
+/// (rules/nodes.rules), so they stay fresh for their grace while they read
+/// the first one. (Written only if the rules read it.)
 struct LeaderClock {
     base: i64,
     since: Instant,
@@ -266,11 +268,10 @@ struct LeaderClock {
 }
 
 impl LeaderClock {
-    /// Starts from the clock etcd holds, or the wall clock for a first leader.
+    /// Starts from the clock etcd holds, or 0 for a first leader.
     fn start(r: &Reconciler) -> LeaderClock {
         let held = r.inputs.facts.get(CLOCK_KEY).and_then(|f| f.value.parse::<i64>().ok());
-        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-        LeaderClock { base: held.unwrap_or(wall), since: Instant::now(), written: None }
+        LeaderClock { base: held.unwrap_or(0), since: Instant::now(), written: None }
     }
 
     fn now(&self) -> i64 {

@@ -75,10 +75,9 @@ pub fn instances_of(p: &Params, s: usize) -> usize {
     p.instances / p.services + usize::from(s < p.instances % p.services)
 }
 
-/// The cluster clock (`status/clock`) of the synthetic cluster, and every
-/// node's current heartbeat, first seen at that reading.
+/// The cluster clock (`status/clock`) of the synthetic cluster: every node's
+/// agent last beat with this reading.
 pub const SYNTH_CLOCK: i64 = 1_000_000;
-pub const SYNTH_BEAT: i64 = 42;
 
 /// Node `n`'s address, which its agent also reports for every instance there.
 pub fn node_address(n: usize) -> String {
@@ -92,14 +91,12 @@ pub fn node_facts(n: usize, zones: usize) -> Vec<(String, String)> {
         (k("memory"), NODE_MEMORY.to_string()),
         (k("address"), node_address(n)),
         (k("alive"), format!("{}", 7_000_000 + n)),
-        (k("heartbeat"), SYNTH_BEAT.to_string()),
+        (k("heartbeat"), SYNTH_CLOCK.to_string()),
         // The benches' simulated agents never beat again: a day's grace keeps
         // their nodes ready while a controller advances the cluster clock
         // (with 30 s, every node went unreachable half-way through the
         // bridge bench's write-back and everything was re-placed).
         (k("ttl"), "86400".into()),
-        // The controller saw this heartbeat at the cluster clock's current reading.
-        (format!("status/heartbeat/{}/{SYNTH_BEAT}", node_name(n)), SYNTH_CLOCK.to_string()),
         // The operator's labels: what selectors and spreads match.
         (format!("desired/node/{}/label/zone", node_name(n)), format!("z{}", n % zones.max(1))),
         (format!("desired/node/{}/label/rack", node_name(n)), format!("r{}", n / 40)),

@@ -74,7 +74,7 @@ fn facts(nodes: &[Node], services: &[Service]) -> Vec<(String, Option<String>)> 
         put(k("cpu"), n.cpu.to_string());
         put(k("memory"), n.memory.to_string());
         put(k("alive"), "1".into());
-        put(k("heartbeat"), "1".into());
+        put(k("heartbeat"), "0".into());
         if n.gpu > 0 {
             put(k("resource/gpu"), n.gpu.to_string());
         }

@@ -24,7 +24,7 @@ fn node_facts(n: &str, cpu: &str, zone: &str) -> Vec<(String, String)> {
         (k("cpu"), cpu.into()),
         (k("memory"), "1024".into()),
         (k("alive"), "1".into()),
-        (k("heartbeat"), "1".into()),
+        (k("heartbeat"), "0".into()),
         (format!("desired/node/{n}/label/zone"), zone.into()),
     ]
 }

@@ -64,7 +64,7 @@ fn facts(c: &Cluster) -> Vec<(String, Option<String>)> {
     let mut f = Vec::new();
     for (i, (cpu, mem)) in c.nodes.iter().enumerate() {
         let n = format!("node-{i}");
-        for (k, v) in [("cpu", cpu.as_str()), ("memory", mem.as_str()), ("alive", "1"), ("heartbeat", "1")] {
+        for (k, v) in [("cpu", cpu.as_str()), ("memory", mem.as_str()), ("alive", "1"), ("heartbeat", "0")] {
             f.push((format!("observed/node/{n}/{k}"), Some(v.to_string())));
         }
     }

@@ -61,6 +61,14 @@ pub(crate) fn auth(action: AuthAction) -> anyhow::Result<ExitCode> {
             })?;
             eprintln!("new password for {user} appended to {}", file.display());
         }
+        AuthAction::Regrant { etcd } => {
+            let cfg = etcd.config_as(Some(auth::ROOT))?;
+            let roles = rt.block_on(async {
+                let mut client = ccattler_store::etcd::connect(&cfg).await?;
+                anyhow::Ok(auth::regrant(&mut client).await?)
+            })?;
+            eprintln!("granted roles {} what this version gives them", roles.join(", "));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

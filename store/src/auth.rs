@@ -47,6 +47,8 @@ pub enum Range {
     All,
     /// Every key starting with this prefix.
     Prefix(String),
+    /// This one key.
+    Key(String),
 }
 
 /// The namespaces every role but the controller's may be granted to read;
@@ -74,6 +76,8 @@ pub fn grants(role: &str) -> Option<Vec<(Range, Access)>> {
             let node = role.strip_prefix("agent-").filter(|n| ccattler_parser::pattern::is_valid_name(n))?;
             let mut g: Vec<(Range, Access)> = ["placement/node/", "effective/node/", "secret/node/"].map(|s| (p(&format!("{s}{node}/")), Read)).to_vec();
             g.push((p(&format!("observed/node/{node}/")), ReadWrite));
+            // The cluster clock, which the agent's heartbeat carries (rules/nodes.rules).
+            g.push((Range::Key(crate::layout::CLOCK.to_string()), Read));
             g
         }
     };
@@ -88,7 +92,7 @@ pub fn grants(role: &str) -> Option<Vec<(Range, Access)>> {
 fn permission(range: &Range, access: Access) -> Permission {
     let key = match range {
         Range::All => Vec::new(),
-        Range::Prefix(p) => p.clone().into_bytes(),
+        Range::Prefix(p) | Range::Key(p) => p.clone().into_bytes(),
     };
     let perm = match access {
         Access::Read => Permission::read(key),
@@ -98,6 +102,7 @@ fn permission(range: &Range, access: Access) -> Permission {
     match range {
         Range::All => perm.with_all_keys(),
         Range::Prefix(_) => perm.with_prefix(),
+        Range::Key(_) => perm,
     }
 }
 
@@ -212,6 +217,23 @@ pub async fn remove_node(client: &mut Client, node: &str) -> Result<String, Auth
     Ok(user)
 }
 
+/// `auth regrant` (as root): grants every existing CCattler role what this
+/// version's role table gives it (an upgrade that widened a role, e.g. the
+/// agents' read of the cluster clock). Idempotent; revokes nothing. Returns
+/// the roles granted to.
+pub async fn regrant(client: &mut Client) -> Result<Vec<String>, AuthError> {
+    let roles = client.role_list().await.map_err(AuthError::Refused)?;
+    let mut done = Vec::new();
+    for role in roles.roles() {
+        let Some(list) = grants(role) else { continue };
+        for (range, access) in list {
+            client.role_grant_permission(role.as_str(), permission(&range, access)).await.map_err(AuthError::Refused)?;
+        }
+        done.push(role.clone());
+    }
+    Ok(done)
+}
+
 /// `auth rotate USER` (as root): a new password, appended to `file` first.
 pub async fn rotate(client: &mut Client, user: &str, file: &Path) -> Result<(), AuthError> {
     if !user_exists(client, user).await? {
@@ -253,7 +275,12 @@ mod tests {
     #[test]
     fn an_agent_role_is_confined_to_its_node() {
         let g = grants("agent-n1").unwrap();
-        assert!(g.iter().all(|(r, _)| matches!(r, Range::Prefix(p) if p.ends_with("/n1/"))));
+        // Its node's prefixes, and the clock (one key, read only).
+        assert!(g.iter().all(|(r, a)| match r {
+            Range::Prefix(p) => p.ends_with("/n1/"),
+            Range::Key(k) => k == crate::layout::CLOCK && *a == Access::Read,
+            Range::All => false,
+        }));
         assert_eq!(g.iter().filter(|(_, a)| *a != Access::Read).count(), 1);
         assert!(grants("agent-../x").is_none() && grants("agent-").is_none() && grants("nobody").is_none());
     }

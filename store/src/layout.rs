@@ -35,6 +35,9 @@ pub fn observed_prefix(node: &str) -> String {
     format!("observed/node/{node}/")
 }
 
+/// The cluster clock (seconds), advanced by the leading controller: what
+/// agents beat with and the rules judge heartbeats by.
+pub const CLOCK: &str = "status/clock";
 /// Secret values sealed with the cluster key, by name.
 pub const SECRET_VALUE: &str = "secret/value/";
 /// Secret values sealed to a node's key, by node and name.

@@ -74,7 +74,6 @@ struct Inputs {
     alive: InputSession<u64, Id, isize>,
     heartbeat: InputSession<u64, (Id, i64), isize>,
     ttl: InputSession<u64, (Id, i64), isize>,
-    recorded: InputSession<u64, ((Id, i64), i64), isize>,
     clock: InputSession<u64, i64, isize>,
     placed: InputSession<u64, (Inst, Id), isize>,
     running: InputSession<u64, (Id, Inst), isize>,
@@ -131,7 +130,6 @@ impl Peer {
             let (alive_in, alive) = scope.new_collection::<Id, isize>();
             let (heartbeat_in, heartbeat) = scope.new_collection::<(Id, i64), isize>();
             let (ttl_in, ttl) = scope.new_collection::<(Id, i64), isize>();
-            let (recorded_in, recorded) = scope.new_collection::<((Id, i64), i64), isize>();
             let (clock_in, clock) = scope.new_collection::<i64, isize>();
             let (placed_in, placed) = scope.new_collection::<(Inst, Id), isize>();
             let (running_in, running) = scope.new_collection::<(Id, Inst), isize>();
@@ -149,14 +147,6 @@ impl Peer {
             let node =
                 node_cpu.clone().map(|(n, _)| n).concat(node_memory.clone().map(|(n, _)| n)).concat(node_address.clone().map(|(n, _)| n)).distinct_total();
 
-            // beat_seen(n, b, at) :- heartbeat(n, b), beat_recorded(n, b, at).
-            // beat_seen(n, b, c) :- heartbeat(n, b), not beat_recorded(n, b, _), clock(c).
-            let beat = heartbeat.clone().map(|nb| (nb, ()));
-            let seen_recorded = beat.clone().join_map(recorded.clone(), |&(n, _), &(), &at| (n, at));
-            let unrecorded = beat.antijoin(recorded.map(|(nb, _)| nb).distinct_total()).map(|((n, _), ())| ((), n));
-            let seen_now = unrecorded.join_map(clock.clone().map(|c| ((), c)), |&(), &n, &c| (n, c));
-            let beat_seen = seen_recorded.concat(seen_now);
-
             // grace(n, t) :- node(n), node_ttl(n, t).  grace(n, 30) :- node(n), not node_ttl(n, _).
             let keyed_node = node.clone().map(|n| (n, ()));
             let grace = keyed_node
@@ -164,10 +154,12 @@ impl Peer {
                 .join_map(ttl.clone(), |&n, &(), &t| (n, t))
                 .concat(keyed_node.clone().antijoin(ttl.map(|(n, _)| n).distinct_total()).map(|(n, ())| (n, 30)));
 
-            // stale(n) :- beat_seen(n, _, at), clock(c), grace(n, g), c - at > g.
-            let stale = beat_seen
-                .join_map(grace, |&n, &at, &g| ((), (n, at, g)))
-                .join_map(clock.map(|c| ((), c)), |&(), &(n, at, g), &c| (n, c - at > g))
+            // stale(n) :- heartbeat(n, b), clock(c), grace(n, g), c - b > g.
+            // stale(n) :- heartbeat(n, b), clock(c), b > c.
+            let stale = heartbeat
+                .clone()
+                .join_map(grace, |&n, &b, &g| ((), (n, b, g)))
+                .join_map(clock.map(|c| ((), c)), |&(), &(n, b, g), &c| (n, c - b > g || b > c))
                 .filter(|(_, stale)| *stale)
                 .map(|(n, _)| n)
                 .distinct_total();
@@ -229,7 +221,6 @@ impl Peer {
                 alive: alive_in,
                 heartbeat: heartbeat_in,
                 ttl: ttl_in,
-                recorded: recorded_in,
                 clock: clock_in,
                 placed: placed_in,
                 running: running_in,
@@ -321,10 +312,6 @@ impl Peer {
                     self.inputs.healthy.update_at((n, i), t, d);
                 }
             }
-            ["status", "heartbeat", n, b] => {
-                let (Some(b), Some(at), n) = (int(b), int(value), self.id(n)) else { return false };
-                self.inputs.recorded.update_at(((n, b), at), t, d);
-            }
             ["status", "clock"] => {
                 let Some(c) = int(value) else { return false };
                 self.inputs.clock.update_at(c, t, d);
@@ -362,25 +349,7 @@ impl Peer {
         macro_rules! advance {
             ($($input:ident),*) => { $( i.$input.advance_to(t); i.$input.flush(); )* };
         }
-        advance!(
-            intent,
-            cpu,
-            memory,
-            readiness,
-            node_cpu,
-            node_memory,
-            node_address,
-            alive,
-            heartbeat,
-            ttl,
-            recorded,
-            clock,
-            placed,
-            running,
-            ip,
-            port,
-            healthy
-        );
+        advance!(intent, cpu, memory, readiness, node_cpu, node_memory, node_address, alive, heartbeat, ttl, clock, placed, running, ip, port, healthy);
         let probe = self.probe.clone();
         worker.step_while(|| probe.less_than(&t));
     }
