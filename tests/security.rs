@@ -64,6 +64,40 @@ async fn every_cell_of_the_role_table_is_what_etcd_enforces() {
     assert!(wrong.is_empty(), "etcd does not enforce DESIGN's role table:\n{}", wrong.join("\n"));
 }
 
+/// An agent reads the cluster clock it beats with, and only that key of
+/// `status/`: not the leader key, not a key that merely starts like the
+/// clock's, and it may write none of them. `auth regrant` gives the read to
+/// a role made without it, and is idempotent.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_reads_the_cluster_clock_and_nothing_else_of_status_and_regrant_restores_it() {
+    let _serial = serial();
+    let mut root = fresh_etcd().await;
+    ensure_agent_user(&mut root, &credentials(), "n1").await;
+    for k in ["status/clock", "status/clockwork", "status/leader"] {
+        root.put(k, "7", None).await.unwrap();
+    }
+    let mut agent = connect_as(&etcd_url(), &credentials(), "agent-n1").await;
+    assert_eq!(allowed(agent.get("status/clock", None).await), Ok(true));
+    assert_eq!(allowed(agent.get("status/clockwork", None).await), Ok(false));
+    assert_eq!(allowed(agent.get("status/leader", None).await), Ok(false));
+    assert_eq!(allowed(agent.get("status/", Some(GetOptions::new().with_prefix())).await), Ok(false));
+    for k in ["status/clock", "status/clockwork"] {
+        assert_eq!(allowed(agent.put(k, "9999999999", None).await), Ok(false), "put {k}");
+    }
+    // A role from before: without the read. regrant gives it back, twice over.
+    root.role_revoke_permission("agent-n1", "status/clock", None).await.unwrap();
+    let mut stale = connect_as(&etcd_url(), &credentials(), "agent-n1").await;
+    assert_eq!(allowed(stale.get("status/clock", None).await), Ok(false));
+    for _ in 0..2 {
+        let out = ccattler_as("root", &["auth", "regrant"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("agent-n1"), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut fresh = connect_as(&etcd_url(), &credentials(), "agent-n1").await;
+    assert_eq!(allowed(fresh.get("status/clock", None).await), Ok(true));
+    assert_eq!(allowed(fresh.get("status/clockwork", None).await), Ok(false));
+}
+
 /// Whether etcd lets `c` watch `prefix`: a refused watch is created and
 /// cancelled at once, with watch id -1.
 async fn watch_allowed(c: &mut Client, prefix: &str) -> Result<bool, String> {
