@@ -55,15 +55,25 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     /// The plan is cut into segments: a leading atom or a join/anti-join, then
     /// the filters, assignments and ranges after it, which run inside the same
     /// operator's closure (and the head projection inside the last one).
+    /// Between segments a binding carries only the variables still read
+    /// after it ([`layouts`]); into a join or an anti-join it goes as (the
+    /// key's variables, the rest), so what the operator arranges holds each
+    /// value once and nothing no later step reads.
     fn rule(&mut self, plan: &Rc<RulePlan>) -> Coll<'s, T> {
         let nvars = plan.nvars;
         let aggregate = plan.has_aggregate();
         let segments = segments(&plan.steps);
+        let layouts = layouts(plan, &segments);
         let last = segments.len().saturating_sub(1);
         let mut b: Option<Coll<'s, T>> = None;
         for (n, (head, pure)) in segments.into_iter().enumerate() {
-            // What to do with each binding after this segment's operator.
-            let finish = Finish { pure: pure.into(), head: (n == last && !aggregate).then(|| plan.clone()) };
+            // What to do with each binding after this segment's operator: the
+            // head rows after the last (unless aggregated: full bindings),
+            // else only the variables read later.
+            let keep = (n != last).then(|| layouts[n].clone());
+            let finish = Finish { pure: pure.into(), head: (n == last && !aggregate).then(|| plan.clone()), keep };
+            // The variables a binding arrives with, in order.
+            let arriving: Rc<[usize]> = if n == 0 { Rc::from(Vec::new()) } else { layouts[n - 1].clone() };
             b = Some(match (head, b) {
                 // A leading atom is a scan of its relation, not a join.
                 (Some(Step::Join { rel, filter, key, bind }), None) => {
@@ -79,10 +89,11 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                 }
                 (Some(Step::Join { rel, filter, key, bind }), Some(b)) => {
                     let arr = self.arrangement(*rel, filter, key.iter().map(|(p, _)| *p).collect());
-                    let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
+                    let split = KeyCut::new(&arriving, key);
                     let bind = bind.clone();
-                    b.map(move |row| (key_vars.iter().map(|v| row[*v].clone()).collect::<Row>(), row)).join_core(arr, move |_k, binding: &Row, fact: &Row| {
-                        let mut out = binding.clone();
+                    let s = split.clone();
+                    b.map(move |row| s.split(row)).join_core(arr, move |k, rest: &Row, fact: &Row| {
+                        let mut out = split.join(nvars, k, rest);
                         for (pos, var) in &bind {
                             out[*var] = fact[*pos].clone();
                         }
@@ -90,7 +101,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     })
                 }
                 (Some(Step::AntiJoin { rel, filter, key }), b) => {
-                    let b = b.unwrap_or_else(|| self.unit.clone().map(move |_| vec![Value::Int(0); nvars]));
+                    let b = b.unwrap_or_else(|| self.unit.clone().map(move |_| Row::new()));
                     let f = filter.clone();
                     let positions: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
                     let present = self
@@ -98,19 +109,21 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                         .filter(move |row| f.accepts(row))
                         .map(move |row| positions.iter().map(|p| row[*p].clone()).collect::<Row>())
                         .distinct();
-                    let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
-                    b.map(move |row| (key_vars.iter().map(|v| row[*v].clone()).collect::<Row>(), row))
-                        .antijoin(present)
-                        .flat_map(move |(_, row)| finish.run(row))
+                    let split = KeyCut::new(&arriving, key);
+                    let s = split.clone();
+                    b.map(move |row| s.split(row)).antijoin(present).flat_map(move |(k, rest)| finish.run(split.join(nvars, &k, &rest)))
                 }
                 // No atom yet: start from the one empty row.
                 (None, None) => self.unit.clone().flat_map(move |_| finish.run(vec![Value::Int(0); nvars])),
-                (None, Some(b)) => b.flat_map(move |row| finish.run(row)),
+                (None, Some(b)) => {
+                    let split = KeyCut::new(&arriving, &[]);
+                    b.flat_map(move |row| finish.run(split.join(nvars, &[], &row)))
+                }
                 (Some(_), _) => unreachable!("segments start with a join or an anti-join"),
             });
         }
         let b = b.unwrap_or_else(|| {
-            let finish = Finish { pure: Rc::from(Vec::new()), head: (!aggregate).then(|| plan.clone()) };
+            let finish = Finish { pure: Rc::from(Vec::new()), head: (!aggregate).then(|| plan.clone()), keep: None };
             self.unit.clone().flat_map(move |_| finish.run(vec![Value::Int(0); nvars]))
         });
         if !aggregate {
@@ -145,11 +158,129 @@ fn segments(steps: &[Step]) -> Vec<(Option<&Step>, Vec<Step>)> {
     out
 }
 
+/// The variables each segment's bindings leave with, in order: those read by
+/// a later step or the head. An aggregate ranges over the distinct bindings
+/// of its body, so an aggregate rule's bindings keep every variable bound so
+/// far (two bindings that differ only in one no step reads are two).
+fn layouts(plan: &RulePlan, segments: &[(Option<&Step>, Vec<Step>)]) -> Vec<Rc<[usize]>> {
+    let aggregate = plan.has_aggregate();
+    let mut head_reads = std::collections::BTreeSet::new();
+    for h in &plan.head_terms {
+        match h {
+            CHead::Expr(e) => expr_vars(e, &mut head_reads),
+            CHead::Agg(_, es) => es.iter().for_each(|e| expr_vars(e, &mut head_reads)),
+        }
+    }
+    // Read after segment n: by the segments after it, or the head.
+    let mut read_after = vec![head_reads; segments.len()];
+    for n in (0..segments.len().saturating_sub(1)).rev() {
+        let mut r = read_after[n + 1].clone();
+        let (head, pure) = &segments[n + 1];
+        for step in head.iter().copied().chain(pure) {
+            step_reads(step, &mut r);
+        }
+        read_after[n] = r;
+    }
+    let mut bound = std::collections::BTreeSet::new();
+    segments
+        .iter()
+        .zip(read_after)
+        .map(|((head, pure), read)| {
+            for step in head.iter().copied().chain(pure) {
+                step_binds(step, &mut bound);
+            }
+            let keep: Vec<usize> = bound.iter().copied().filter(|v| aggregate || read.contains(v)).collect();
+            Rc::from(keep)
+        })
+        .collect()
+}
+
+fn expr_vars(e: &CExpr, out: &mut std::collections::BTreeSet<usize>) {
+    match e {
+        CExpr::Val(_) => {}
+        CExpr::Var(v) => {
+            out.insert(*v);
+        }
+        CExpr::Neg(x) => expr_vars(x, out),
+        CExpr::Bin(_, x, y) => {
+            expr_vars(x, out);
+            expr_vars(y, out);
+        }
+        CExpr::Call(_, args) => args.iter().for_each(|a| expr_vars(a, out)),
+    }
+}
+
+/// The variables a step reads.
+fn step_reads(step: &Step, out: &mut std::collections::BTreeSet<usize>) {
+    match step {
+        Step::Join { key, .. } | Step::AntiJoin { key, .. } => out.extend(key.iter().map(|(_, v)| *v)),
+        Step::Filter { lhs, rhs, .. } => {
+            expr_vars(lhs, out);
+            expr_vars(rhs, out);
+        }
+        Step::Assign { expr, .. } => expr_vars(expr, out),
+        Step::Range { lo, hi, .. } => {
+            expr_vars(lo, out);
+            expr_vars(hi, out);
+        }
+    }
+}
+
+/// The variables a step binds.
+fn step_binds(step: &Step, out: &mut std::collections::BTreeSet<usize>) {
+    match step {
+        Step::Join { bind, .. } => out.extend(bind.iter().map(|(_, v)| *v)),
+        Step::Assign { var, .. } | Step::Range { var, .. } => {
+            out.insert(*var);
+        }
+        Step::AntiJoin { .. } | Step::Filter { .. } => {}
+    }
+}
+
+/// A binding that arrives with `arriving`'s variables, cut for a join or an
+/// anti-join on `key`'s: (the key's values, the rest's), and put back
+/// together as a full binding row (one slot per rule variable).
+#[derive(Clone)]
+struct KeyCut {
+    /// Where each key variable sits in the arriving row, and the variable.
+    key: Rc<[(usize, usize)]>,
+    /// The same for the rest.
+    rest: Rc<[(usize, usize)]>,
+}
+
+impl KeyCut {
+    fn new(arriving: &[usize], key: &[(usize, usize)]) -> KeyCut {
+        let at = |v: usize| arriving.iter().position(|a| *a == v).expect("a join key variable is bound before the join");
+        let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
+        KeyCut {
+            key: key_vars.iter().map(|v| (at(*v), *v)).collect(),
+            rest: arriving.iter().enumerate().filter(|(_, v)| !key_vars.contains(v)).map(|(i, v)| (i, *v)).collect(),
+        }
+    }
+
+    fn split(&self, row: Row) -> (Row, Row) {
+        (self.key.iter().map(|(i, _)| row[*i].clone()).collect(), self.rest.iter().map(|(i, _)| row[*i].clone()).collect())
+    }
+
+    fn join(&self, nvars: usize, key: &[Value], rest: &[Value]) -> Row {
+        let mut full = vec![Value::Int(0); nvars];
+        for ((_, v), x) in self.key.iter().zip(key) {
+            full[*v] = x.clone();
+        }
+        for ((_, v), x) in self.rest.iter().zip(rest) {
+            full[*v] = x.clone();
+        }
+        full
+    }
+}
+
 /// Filters, assignments and ranges applied to one binding, then (for the last
-/// segment of a non-aggregate rule) the head projection.
+/// segment of a non-aggregate rule) the head projection, or only the
+/// variables `keep` names.
 struct Finish {
     pure: Rc<[Step]>,
     head: Option<Rc<RulePlan>>,
+    keep: Option<Rc<[usize]>>,
 }
 
 impl Finish {
@@ -190,9 +321,10 @@ impl Finish {
                 break;
             }
         }
-        match &self.head {
-            Some(plan) => rows.iter().filter_map(|b| plan.head_row(b)).collect(),
-            None => rows,
+        match (&self.head, &self.keep) {
+            (Some(plan), _) => rows.iter().filter_map(|b| plan.head_row(b)).collect(),
+            (None, Some(keep)) => rows.iter().map(|b| keep.iter().map(|v| b[*v].clone()).collect()).collect(),
+            (None, None) => rows,
         }
     }
 }
