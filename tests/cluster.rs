@@ -865,3 +865,63 @@ async fn status_prints_the_cluster_as_tables_and_watch_follows_a_node_dying() {
     let body = c.metrics_text();
     assert!(body.lines().any(|l| l.starts_with("ccattler_instances{state=\"running\"}")), "{body}");
 }
+
+/// Heartbeats carry the cluster clock and the controller records nothing
+/// per beat, so a node's verdict is a function of what etcd holds. A
+/// controller killed and replaced (twice, at once, with no standby) must
+/// never find a live node stale — the clock stands still without a leader
+/// and goes on from where it stood — and must find a node whose agent beat
+/// once and stopped unreachable, and keep it so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_restarts_never_flip_a_live_node_and_a_silent_one_stays_unreachable() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let root = scratch("restart-verdict");
+    let mut c = Controller::start("verdict-a", &shipped_rules());
+    let _agents: Vec<Agent> = (1..=2).map(|n| Agent::start(&root, n, 4000, 8192, &[])).collect();
+    ready_nodes(&etcd, 2).await;
+    let clock = |mut e: Client| async move { get(&mut e, "status/clock").await.and_then(|v| v.parse::<i64>().ok()).unwrap_or(0) };
+    // A node whose agent beat once, at the clock as it is now, and stopped;
+    // its `alive` key is kept (as a user keeping its lease alive would).
+    let now = clock(etcd.clone()).await;
+    put_facts(&mut etcd, &[("observed/node/silent/cpu", "1000"), ("observed/node/silent/alive", "1"), ("observed/node/silent/ttl", "3")]).await;
+    etcd.put("observed/node/silent/heartbeat", now.to_string(), None).await.unwrap();
+    wait_for("the silent node found unreachable", T, || {
+        let mut e = etcd.clone();
+        async move { get(&mut e, "effective/node/silent/state").await.as_deref() == Some("unreachable") }
+    })
+    .await;
+    // Every state any node is given from here on.
+    let from = revision(&mut etcd).await + 1;
+    let states: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let (mut w, seen) = (etcd.clone(), states.clone());
+    tokio::spawn(async move {
+        let (_w, mut stream) = w.watch("effective/node/", Some(WatchOptions::new().with_prefix().with_start_revision(from))).await.unwrap();
+        while let Ok(Some(resp)) = stream.message().await {
+            for ev in resp.events() {
+                let kv = ev.kv().unwrap();
+                let v = if ev.event_type() == EventType::Put { kv.value_str().unwrap().to_string() } else { "(deleted)".into() };
+                seen.lock().unwrap().push((kv.key_str().unwrap().to_string(), v));
+            }
+        }
+    });
+    for id in ["verdict-b", "verdict-c"] {
+        c.child.kill().unwrap();
+        c.child.wait().unwrap();
+        c = Controller::start(id, &shipped_rules());
+        let at = clock(etcd.clone()).await;
+        // Past the live nodes' TTL (3 s) on the clock, under the new leader.
+        wait_for(&format!("{id} leads and the clock passes {}", at + 8), Duration::from_secs(40), || {
+            let e = etcd.clone();
+            async move { clock(e).await > at + 8 }
+        })
+        .await;
+    }
+    let seen = states.lock().unwrap().clone();
+    let flipped: Vec<&(String, String)> = seen.iter().filter(|(k, v)| k.ends_with("/state") && !k.contains("/silent/") && v != "ready").collect();
+    assert!(flipped.is_empty(), "a live node was given another state across the restarts: {flipped:?}");
+    let silent: Vec<&(String, String)> = seen.iter().filter(|(k, _)| k == "effective/node/silent/state").collect();
+    assert!(silent.iter().all(|(_, v)| v == "unreachable"), "the silent node was found alive: {silent:?}");
+    assert_eq!(get(&mut etcd, "effective/node/silent/state").await.as_deref(), Some("unreachable"));
+    assert_eq!(get(&mut etcd, "effective/node/node-1/state").await.as_deref(), Some("ready"));
+}
