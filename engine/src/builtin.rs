@@ -184,7 +184,7 @@ impl Inputs {
             if let Some(Value::Int(tag)) = row.first() {
                 let tag = *tag as usize;
                 if tag < signature.len() && row.len() == signature[tag].columns.len() + 1 {
-                    args[tag].push(row[1..].to_vec());
+                    args[tag].push(Row::from(&row[1..]));
                 }
             }
         }
@@ -485,7 +485,7 @@ pub fn assign_rows(input: &[(&Row, isize)]) -> Vec<Row> {
     if !input.iter().any(|(row, m)| *m > 0 && row.first() == Some(&Value::Int(arg::PENDING as i64))) {
         return Vec::new();
     }
-    Inputs::from_tagged(ASSIGN, input).assign().into_iter().map(|(i, n)| vec![i, n]).collect()
+    Inputs::from_tagged(ASSIGN, input).assign().into_iter().map(|(i, n)| smallvec::smallvec![i, n]).collect()
 }
 
 /// `preempt`'s reduce body: rows tagged by argument position.
@@ -494,7 +494,7 @@ pub fn preempt_rows(input: &[(&Row, isize)]) -> Vec<Row> {
     if !input.iter().any(|(row, m)| *m > 0 && row.first() == Some(&Value::Int(parg::PREEMPTOR as i64))) {
         return Vec::new();
     }
-    Inputs::from_tagged(PREEMPT, input).preempt().into_iter().map(|(v, p, b)| vec![v, p, b]).collect()
+    Inputs::from_tagged(PREEMPT, input).preempt().into_iter().map(|(v, p, b)| smallvec::smallvec![v, p, b]).collect()
 }
 
 /// A victim as `preempt` weighs it.
@@ -748,7 +748,7 @@ mod tests {
             Case(Inputs { args: vec![Vec::new(); ASSIGN.len()] })
         }
         fn row(mut self, a: usize, row: Vec<Value>) -> Case {
-            self.0.args[a].push(row);
+            self.0.args[a].push(Row::from_vec(row));
             self
         }
         fn pending(self, service: &str, from: usize, to: usize, priority: i64) -> Case {
@@ -1094,7 +1094,7 @@ mod tests {
         Inputs { args: vec![Vec::new(); PREEMPT.len()] }
     }
     fn push(x: &mut Inputs, a: usize, row: Vec<Value>) {
-        x.args[a].push(row);
+        x.args[a].push(Row::from_vec(row));
     }
     fn victim(x: &mut Inputs, i: &str, n: &str, s: &str, p: i64, cpu: i64) {
         push(x, parg::VICTIM, vec![v(i), v(n), v(s), Value::Int(p)]);

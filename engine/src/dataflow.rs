@@ -80,7 +80,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     debug_assert!(key.is_empty());
                     let (f, bind) = (filter.clone(), bind.clone());
                     self.relation(*rel).filter(move |row| f.accepts(row)).flat_map(move |fact| {
-                        let mut row = vec![Value::Int(0); nvars];
+                        let mut row = Row::from_elem(Value::Int(0), nvars);
                         for (pos, var) in &bind {
                             row[*var] = fact[*pos].clone();
                         }
@@ -114,7 +114,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     b.map(move |row| s.split(row)).antijoin(present).flat_map(move |(k, rest)| finish.run(split.join(nvars, &k, &rest)))
                 }
                 // No atom yet: start from the one empty row.
-                (None, None) => self.unit.clone().flat_map(move |_| finish.run(vec![Value::Int(0); nvars])),
+                (None, None) => self.unit.clone().flat_map(move |_| finish.run(Row::from_elem(Value::Int(0), nvars))),
                 (None, Some(b)) => {
                     let split = KeyCut::new(&arriving, &[]);
                     b.flat_map(move |row| finish.run(split.join(nvars, &[], &row)))
@@ -124,7 +124,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         }
         let b = b.unwrap_or_else(|| {
             let finish = Finish { pure: Rc::from(Vec::new()), head: (!aggregate).then(|| plan.clone()), keep: None };
-            self.unit.clone().flat_map(move |_| finish.run(vec![Value::Int(0); nvars]))
+            self.unit.clone().flat_map(move |_| finish.run(Row::from_elem(Value::Int(0), nvars)))
         });
         if !aggregate {
             return b;
@@ -263,7 +263,7 @@ impl KeyCut {
     }
 
     fn join(&self, nvars: usize, key: &[Value], rest: &[Value]) -> Row {
-        let mut full = vec![Value::Int(0); nvars];
+        let mut full = Row::from_elem(Value::Int(0), nvars);
         for ((_, v), x) in self.key.iter().zip(key) {
             full[*v] = x.clone();
         }

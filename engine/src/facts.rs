@@ -75,7 +75,7 @@ pub fn decode(program: &Program, key: &str, value: &str) -> Result<Vec<(RelId, R
             let what = value.strip_prefix(NOT_UTF8).unwrap_or("holds a NUL character");
             return Err(reject(format!("value of `{}` is not UTF-8 text: {what}", r.name)));
         }
-        let mut row = Vec::with_capacity(r.arity());
+        let mut row = Row::with_capacity(r.arity());
         for (i, col) in r.columns.iter().enumerate() {
             let text = parts[i].unwrap_or(value);
             let v = Value::parse_column(col, text).map_err(|e| {
@@ -483,7 +483,7 @@ mod tests {
 
     /// An output diff: rule id first, then the tuple.
     fn diff(rule: i64, s: &str, n: i64, d: isize) -> Change {
-        (1, vec![Value::Int(rule), Value::str(s), Value::Int(n)], d)
+        (1, smallvec::smallvec![Value::Int(rule), Value::str(s), Value::Int(n)], d)
     }
 
     #[test]

@@ -184,8 +184,8 @@ impl RulePlan {
     /// For aggregate rules: (group key = the non-aggregate head terms, the
     /// aggregates' arguments in order).
     pub fn group_and_args(&self, b: &[Value]) -> Option<(Row, Row)> {
-        let mut group = Vec::new();
-        let mut args = Vec::new();
+        let mut group = Row::new();
+        let mut args = Row::new();
         for h in &self.head_terms {
             match h {
                 CHead::Expr(e) => group.push(e.eval(b)?),
@@ -213,7 +213,7 @@ impl RulePlan {
 
     /// Computes every aggregate of the head over one group's (arguments, multiplicity).
     pub fn aggregate(&self, input: &[(&Row, isize)]) -> Option<Row> {
-        let mut out = Vec::new();
+        let mut out = Row::new();
         let mut offset = 0;
         for h in &self.head_terms {
             let CHead::Agg(kind, es) = h else { continue };

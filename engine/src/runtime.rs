@@ -347,7 +347,7 @@ fn query(senders: &[Sender<Cmd>], rel: RelId, as_of: u64) -> Result<Vec<Row>, En
 }
 
 fn lookup(senders: &[Sender<Cmd>], rel: RelId, prefix: &[Value], as_of: u64) -> Result<Vec<Row>, EngineError> {
-    ask(senders, |reply| Cmd::Lookup { rel, prefix: prefix.to_vec(), as_of, reply })
+    ask(senders, |reply| Cmd::Lookup { rel, prefix: Row::from(prefix), as_of, reply })
 }
 
 /// Sends a read to every worker and gathers their shares; a worker that
@@ -592,7 +592,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
             (unit_input, inputs, traces)
         });
         if worker.index() == 0 {
-            unit_input.insert(Vec::<Value>::new());
+            unit_input.insert(Row::new());
         }
         let rels = group_traces.keys().copied().collect();
         traces.extend(group_traces);
@@ -806,7 +806,7 @@ fn read_trace(trace: &mut QueryTrace, prefix: &[Value], as_of: u64) -> Vec<Row> 
     let (mut cursor, storage) = cursor_list(batches);
     let mut rows = Vec::new();
     if !prefix.is_empty() {
-        cursor.seek_key(&storage, &prefix.to_vec());
+        cursor.seek_key(&storage, &Row::from(prefix));
     }
     while let Some(key) = cursor.get_key(&storage) {
         if !key.starts_with(prefix) {
@@ -838,7 +838,7 @@ mod tests {
     }
 
     fn row(a: i64, b: i64) -> Row {
-        vec![Value::Int(a), Value::Int(b)]
+        smallvec::smallvec![Value::Int(a), Value::Int(b)]
     }
 
     #[test]

@@ -352,7 +352,7 @@ impl Value {
 }
 
 /// A tuple of a relation, or a rule's variable bindings.
-pub type Row = Vec<Value>;
+pub type Row = smallvec::SmallVec<[Value; 1]>;
 
 /// Compares rows in user-visible order.
 pub fn cmp_rows(a: &[Value], b: &[Value]) -> Ordering {

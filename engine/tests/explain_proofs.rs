@@ -228,7 +228,7 @@ fn run_case(seed: u64) -> Result<usize, String> {
         let rel = rng.below(INPUTS.len());
         let (x, y) = (rng.below(DOMAIN), rng.below(DOMAIN));
         writes.push((format!("in/{rel}/{x}/{y}"), Some(String::new())));
-        inputs.entry(rel).or_default().insert(vec![Value::Int(x as i64), Value::Int(y as i64)]);
+        inputs.entry(rel).or_default().insert(smallvec::smallvec![Value::Int(x as i64), Value::Int(y as i64)]);
     }
     session.write(&writes).map_err(|e| e.to_string())?;
     let db = oracle(&program, &inputs);
@@ -255,7 +255,7 @@ fn run_case(seed: u64) -> Result<usize, String> {
         // Facts that do not hold: a why-not, never a proof, and its claims are true.
         if r.columns.iter().all(|c| c.ty == ccattler_parser::ast::Type::Int) {
             for _ in 0..4 {
-                let row: Row = vec![Value::Int(rng.below(DOMAIN) as i64), Value::Int(rng.below(DOMAIN) as i64 + 1)];
+                let row: Row = smallvec::smallvec![Value::Int(rng.below(DOMAIN) as i64), Value::Int(rng.below(DOMAIN) as i64 + 1)];
                 if held.contains(&row) {
                     continue;
                 }

@@ -31,7 +31,7 @@ fn run_case(seed: u64, workers: usize) -> Result<(), String> {
         let mut changes: Vec<(usize, Row, isize)> = Vec::new();
         for _ in 0..rng.below(12) + 1 {
             let rel = rng.below(INPUTS.len());
-            let row: Row = vec![Value::Int(rng.below(DOMAIN) as i64), Value::Int(rng.below(DOMAIN) as i64)];
+            let row: Row = smallvec::smallvec![Value::Int(rng.below(DOMAIN) as i64), Value::Int(rng.below(DOMAIN) as i64)];
             if changes.iter().any(|(r, x, _)| *r == rel && *x == row) {
                 continue;
             }
@@ -65,7 +65,7 @@ fn run_case(seed: u64, workers: usize) -> Result<(), String> {
             let got: BTreeSet<Row> = engine.query(rel).map_err(|e| e.to_string())?.into_iter().collect();
             let want = expected.get(&rel).cloned().unwrap_or_default();
             if r.kind == DeclKind::Output {
-                let from_diffs: BTreeSet<Row> = released.keys().filter(|(x, _)| *x == rel).map(|(_, t)| t[1..].to_vec()).collect();
+                let from_diffs: BTreeSet<Row> = released.keys().filter(|(x, _)| *x == rel).map(|(_, t)| Row::from(&t[1..])).collect();
                 if from_diffs != want {
                     return Err(format!(
                         "batch {batch}, released diffs of {}:\n  diffs only: {:?}\n  oracle only: {:?}\nprogram:\n{src}",
@@ -114,7 +114,7 @@ fn one_and_two_workers_give_identical_outputs() {
         let src = random_program(&mut rng);
         let program = Arc::new(ccattler_parser::check_str("r.rules", &src).program.expect("checks"));
         let changes: Vec<(usize, Row, isize)> = (0..30)
-            .map(|_| (rng.below(3), vec![Value::Int(rng.below(5) as i64), Value::Int(rng.below(5) as i64)], 1))
+            .map(|_| (rng.below(3), smallvec::smallvec![Value::Int(rng.below(5) as i64), Value::Int(rng.below(5) as i64)], 1))
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -139,7 +139,7 @@ fn many_revisions_at_once_equal_one_by_one() {
         for rev in 1..=3u64 {
             let mut changes = Vec::new();
             for _ in 0..10 {
-                let t = (rng.below(3), vec![Value::Int(rng.below(5) as i64), Value::Int(rng.below(5) as i64)]);
+                let t = (rng.below(3), smallvec::smallvec![Value::Int(rng.below(5) as i64), Value::Int(rng.below(5) as i64)]);
                 if changes.iter().any(|(r, x, _): &(usize, Row, isize)| (*r, x) == (t.0, &t.1)) {
                     continue;
                 }
@@ -179,7 +179,7 @@ fn staged_revisions_stay_in_order() {
     );
     let a = program.relations.iter().position(|r| r.name == "a").unwrap();
     let mut e = Engine::start(program, 1).unwrap();
-    let row = |x: i64| vec![Value::Int(x)];
+    let row = |x: i64| smallvec::smallvec![Value::Int(x)];
     e.apply(5, vec![(a, row(1), 1)]).unwrap();
     assert!(e.stage(5, vec![(a, row(2), 1)]).is_err(), "a closed revision cannot be staged at");
     e.stage(7, vec![(a, row(2), 1)]).unwrap();
@@ -205,8 +205,9 @@ fn streamed_parts_sum_to_the_whole() {
     let src = "input a(x: int, y: int) from \"a/{x}/{y}\"\noutput b(x: int, y: int) to \"b/{x}/{y}\"\noutput c(x: int, y: int) to \"c/{x}/{y}\"\nb(x, y) :- a(x, y), x < y.\nc(x, y) :- b(x, y), not a(y, x).\n";
     let program = Arc::new(ccattler_parser::check_str("r.rules", src).program.expect("checks"));
     let a = program.relations.iter().position(|r| r.name == "a").unwrap();
-    let changes: Vec<(usize, Row, isize)> =
-        (0..200i64).flat_map(|x| (0..200i64).filter(move |y| (x + y) % 7 != 0).map(move |y| (a, vec![Value::Int(x), Value::Int(y)], 1))).collect();
+    let changes: Vec<(usize, Row, isize)> = (0..200i64)
+        .flat_map(|x| (0..200i64).filter(move |y| (x + y) % 7 != 0).map(move |y| (a, smallvec::smallvec![Value::Int(x), Value::Int(y)], 1)))
+        .collect();
     let whole = Engine::start(program.clone(), 1).unwrap().apply(1, changes.clone()).unwrap();
     for workers in [1, 2] {
         let mut e = Engine::start(program.clone(), workers).unwrap();

@@ -18,9 +18,9 @@ fn a_panicking_worker_fails_apply_instead_of_hanging_the_others_at_a_barrier() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut engine = Engine::start(program, 2).unwrap();
-        let first = engine.apply(1, vec![(e, vec![Value::Int(1), Value::Int(2)], 1)]).map(|_| ());
-        let second = engine.apply(2, vec![(e, vec![Value::Int(2), Value::Int(3)], 1)]).map(|_| ());
-        let third = engine.apply(3, vec![(e, vec![Value::Int(3), Value::Int(4)], 1)]).map(|_| ());
+        let first = engine.apply(1, vec![(e, [Value::Int(1), Value::Int(2)].into_iter().collect(), 1)]).map(|_| ());
+        let second = engine.apply(2, vec![(e, [Value::Int(2), Value::Int(3)].into_iter().collect(), 1)]).map(|_| ());
+        let third = engine.apply(3, vec![(e, [Value::Int(3), Value::Int(4)].into_iter().collect(), 1)]).map(|_| ());
         // Dropping it must not wait for the stopped workers either.
         drop(engine);
         tx.send((first, second, third)).unwrap();

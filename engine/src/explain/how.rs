@@ -116,7 +116,7 @@ impl<'d, 'a> Prover<'d, 'a> {
         if self.db.is_input(rel) {
             return Ok(Some(0));
         }
-        let key = (rel, row.to_vec());
+        let key = (rel, Row::from(row));
         if let Some(h) = self.heights.get(&key) {
             return Ok(*h);
         }
@@ -217,7 +217,7 @@ impl<'d, 'a> Prover<'d, 'a> {
         if !self.db.contains(rel, row)? {
             return Err(format!("internal: {fact} is not a fact the engine holds"));
         }
-        let key = (rel, row.to_vec());
+        let key = (rel, Row::from(row));
         if self.shown.contains(&key) {
             return Ok(node(How::Seen));
         }
