@@ -26,7 +26,8 @@ struct Scope<'s, T: Timestamp + Lattice> {
     /// One empty row: where a rule with no leading atom starts.
     unit: Coll<'s, T>,
     /// Arrangements of relations by join key, shared by every rule that joins
-    /// the same relation, with the same filter, on the same positions.
+    /// the same relation, with the same filter, on the same positions: each
+    /// fact as (its values at the key's positions, its other values).
     arranged: BTreeMap<(RelId, AtomFilter, Vec<usize>), Arr<'s, T>>,
 }
 
@@ -44,7 +45,11 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         let arr = self
             .relation(rel)
             .filter(move |row| f.accepts(row))
-            .map(move |row| (key_pos.iter().map(|p| row[*p].clone()).collect::<Row>(), row))
+            .map(move |row| {
+                let key = key_pos.iter().map(|p| row[*p].clone()).collect::<Row>();
+                let rest = row.iter().enumerate().filter(|(p, _)| !key_pos.contains(p)).map(|(_, v)| v.clone()).collect::<Row>();
+                (key, rest)
+            })
             .arrange_by_key();
         self.arranged.insert(k, arr.clone());
         arr
@@ -88,14 +93,19 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     })
                 }
                 (Some(Step::Join { rel, filter, key, bind }), Some(b)) => {
-                    let arr = self.arrangement(*rel, filter, key.iter().map(|(p, _)| *p).collect());
+                    let key_pos: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
+                    let arr = self.arrangement(*rel, filter, key_pos.clone());
                     let split = KeyCut::new(&arriving, key);
-                    let bind = bind.clone();
+                    // Where each bound position sits in the arranged fact's rest
+                    // (a bound position is never a key position).
+                    debug_assert!(bind.iter().all(|(pos, _)| !key_pos.contains(pos)));
+                    let bind: Vec<(usize, usize)> =
+                        bind.iter().map(|(pos, var)| (pos - key_pos.iter().filter(|k| *k < pos).count(), *var)).collect();
                     let s = split.clone();
-                    b.map(move |row| s.split(row)).join_core(arr, move |k, rest: &Row, fact: &Row| {
+                    b.map(move |row| s.split(row)).join_core(arr, move |k, rest: &Row, fact_rest: &Row| {
                         let mut out = split.join(nvars, k, rest);
-                        for (pos, var) in &bind {
-                            out[*var] = fact[*pos].clone();
+                        for (at, var) in &bind {
+                            out[*var] = fact_rest[*at].clone();
                         }
                         finish.run(out)
                     })
