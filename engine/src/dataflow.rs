@@ -60,10 +60,10 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     /// The plan is cut into segments: a leading atom or a join/anti-join, then
     /// the filters, assignments and ranges after it, which run inside the same
     /// operator's closure (and the head projection inside the last one).
-    /// Between segments a binding carries only the variables still read
-    /// after it ([`layouts`]); into a join or an anti-join it goes as (the
-    /// key's variables, the rest), so what the operator arranges holds each
-    /// value once and nothing no later step reads.
+    /// A binding goes into a join or an anti-join as (the key's variables,
+    /// the rest of those still read after it: [`layouts`]), so what the
+    /// operator arranges holds each value once and nothing no later step
+    /// reads; between operators it streams as a full row (nothing holds it).
     fn rule(&mut self, plan: &Rc<RulePlan>) -> Coll<'s, T> {
         let nvars = plan.nvars;
         let aggregate = plan.has_aggregate();
@@ -73,11 +73,9 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         let mut b: Option<Coll<'s, T>> = None;
         for (n, (head, pure)) in segments.into_iter().enumerate() {
             // What to do with each binding after this segment's operator: the
-            // head rows after the last (unless aggregated: full bindings),
-            // else only the variables read later.
-            let keep = (n != last).then(|| layouts[n].clone());
-            let finish = Finish { pure: pure.into(), head: (n == last && !aggregate).then(|| plan.clone()), keep };
-            // The variables a binding arrives with, in order.
+            // head rows after the last (unless aggregated: full bindings).
+            let finish = Finish { pure: pure.into(), head: (n == last && !aggregate).then(|| plan.clone()) };
+            // The variables a binding arrives with that are still read.
             let arriving: Rc<[usize]> = if n == 0 { Rc::from(Vec::new()) } else { layouts[n - 1].clone() };
             b = Some(match (head, b) {
                 // A leading atom is a scan of its relation, not a join.
@@ -125,15 +123,12 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                 }
                 // No atom yet: start from the one empty row.
                 (None, None) => self.unit.clone().flat_map(move |_| finish.run(Row::from_elem(Value::Int(0), nvars))),
-                (None, Some(b)) => {
-                    let split = KeyCut::new(&arriving, &[]);
-                    b.flat_map(move |row| finish.run(split.join(nvars, &[], &row)))
-                }
+                (None, Some(b)) => b.flat_map(move |row| finish.run(row)),
                 (Some(_), _) => unreachable!("segments start with a join or an anti-join"),
             });
         }
         let b = b.unwrap_or_else(|| {
-            let finish = Finish { pure: Rc::from(Vec::new()), head: (!aggregate).then(|| plan.clone()), keep: None };
+            let finish = Finish { pure: Rc::from(Vec::new()), head: (!aggregate).then(|| plan.clone()) };
             self.unit.clone().flat_map(move |_| finish.run(Row::from_elem(Value::Int(0), nvars)))
         });
         if !aggregate {
@@ -247,37 +242,32 @@ fn step_binds(step: &Step, out: &mut std::collections::BTreeSet<usize>) {
     }
 }
 
-/// A binding that arrives with `arriving`'s variables, cut for a join or an
-/// anti-join on `key`'s: (the key's values, the rest's), and put back
-/// together as a full binding row (one slot per rule variable).
+/// A full binding row cut for a join or an anti-join on `key`'s variables:
+/// (the key's values, the values of the other variables still read after
+/// it), and put back together as a full row (one slot per rule variable).
 #[derive(Clone)]
 struct KeyCut {
-    /// Where each key variable sits in the arriving row, and the variable.
-    key: Rc<[(usize, usize)]>,
-    /// The same for the rest.
-    rest: Rc<[(usize, usize)]>,
+    key: Rc<[usize]>,
+    rest: Rc<[usize]>,
 }
 
 impl KeyCut {
-    fn new(arriving: &[usize], key: &[(usize, usize)]) -> KeyCut {
-        let at = |v: usize| arriving.iter().position(|a| *a == v).expect("a join key variable is bound before the join");
-        let key_vars: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
-        KeyCut {
-            key: key_vars.iter().map(|v| (at(*v), *v)).collect(),
-            rest: arriving.iter().enumerate().filter(|(_, v)| !key_vars.contains(v)).map(|(i, v)| (i, *v)).collect(),
-        }
+    fn new(live: &[usize], key: &[(usize, usize)]) -> KeyCut {
+        let key: Vec<usize> = key.iter().map(|(_, v)| *v).collect();
+        debug_assert!(key.iter().all(|v| live.contains(v)), "a join key variable is bound before the join");
+        KeyCut { rest: live.iter().copied().filter(|v| !key.contains(v)).collect(), key: key.into() }
     }
 
     fn split(&self, row: Row) -> (Row, Row) {
-        (self.key.iter().map(|(i, _)| row[*i].clone()).collect(), self.rest.iter().map(|(i, _)| row[*i].clone()).collect())
+        (self.key.iter().map(|v| row[*v].clone()).collect(), self.rest.iter().map(|v| row[*v].clone()).collect())
     }
 
     fn join(&self, nvars: usize, key: &[Value], rest: &[Value]) -> Row {
         let mut full = Row::from_elem(Value::Int(0), nvars);
-        for ((_, v), x) in self.key.iter().zip(key) {
+        for (v, x) in self.key.iter().zip(key) {
             full[*v] = x.clone();
         }
-        for ((_, v), x) in self.rest.iter().zip(rest) {
+        for (v, x) in self.rest.iter().zip(rest) {
             full[*v] = x.clone();
         }
         full
@@ -285,12 +275,10 @@ impl KeyCut {
 }
 
 /// Filters, assignments and ranges applied to one binding, then (for the last
-/// segment of a non-aggregate rule) the head projection, or only the
-/// variables `keep` names.
+/// segment of a non-aggregate rule) the head projection.
 struct Finish {
     pure: Rc<[Step]>,
     head: Option<Rc<RulePlan>>,
-    keep: Option<Rc<[usize]>>,
 }
 
 impl Finish {
@@ -331,10 +319,9 @@ impl Finish {
                 break;
             }
         }
-        match (&self.head, &self.keep) {
-            (Some(plan), _) => rows.iter().filter_map(|b| plan.head_row(b)).collect(),
-            (None, Some(keep)) => rows.iter().map(|b| keep.iter().map(|v| b[*v].clone()).collect()).collect(),
-            (None, None) => rows,
+        match &self.head {
+            Some(plan) => rows.iter().filter_map(|b| plan.head_row(b)).collect(),
+            None => rows,
         }
     }
 }
