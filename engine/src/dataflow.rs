@@ -97,8 +97,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     // Where each bound position sits in the arranged fact's rest
                     // (a bound position is never a key position).
                     debug_assert!(bind.iter().all(|(pos, _)| !key_pos.contains(pos)));
-                    let bind: Vec<(usize, usize)> =
-                        bind.iter().map(|(pos, var)| (pos - key_pos.iter().filter(|k| *k < pos).count(), *var)).collect();
+                    let bind: Vec<(usize, usize)> = bind.iter().map(|(pos, var)| (pos - key_pos.iter().filter(|k| *k < pos).count(), *var)).collect();
                     let s = split.clone();
                     b.map(move |row| s.split(row)).join_core(arr, move |k, rest: &Row, fact_rest: &Row| {
                         let mut out = split.join(nvars, k, rest);
