@@ -174,7 +174,7 @@ impl Pulse {
         let (tx, lost) = tokio::sync::watch::channel(None);
         let period = Duration::from_millis(ttl.max(1) as u64 * 1000 / 3);
         let task = tokio::spawn(async move {
-            let (mut last_beat, mut denied) = (None, false);
+            let (mut last_beat, mut denied, mut bad_clock) = (None, false, None::<String>);
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -196,7 +196,15 @@ impl Pulse {
                             tracing::warn!(error = %e, "cannot record the lease deadline for the instance supervisors");
                         }
                         let beat = match read_clock(&mut client).await {
-                            Ok(beat) => beat,
+                            Ok(Ok(beat)) => beat,
+                            // Said once per bad value, not every beat.
+                            Ok(Err(bad)) => {
+                                if bad_clock.as_ref() != Some(&bad) {
+                                    tracing::warn!(key = layout::CLOCK, value = %bad, "the cluster clock is not a reading; beating with 0");
+                                    bad_clock = Some(bad);
+                                }
+                                0
+                            }
                             // A role from before agents read the clock: the lease
                             // is kept, but without a beat the node goes stale.
                             Err(e) if ccattler_store::etcd::permanent_refusal(&e).is_some() => {
@@ -261,16 +269,20 @@ fn cgroup_group(node: &str, state_dir: &std::path::Path) -> String {
 }
 
 /// The cluster clock as etcd holds it (a linearizable read: never a lagging
-/// member's older reading), 0 while there is none. A value that is not a
-/// clock reading is 0 too, and said: the rules judge by the controller's own.
-async fn read_clock(client: &mut Client) -> Result<i64, etcd_client::Error> {
+/// member's older reading), 0 while there is none; `Err` with the value
+/// when it is not a clock reading (the beat is 0 then: the rules judge by
+/// the controller's own clock).
+async fn read_clock(client: &mut Client) -> Result<Result<i64, String>, etcd_client::Error> {
     let resp = client.get(layout::CLOCK, None).await?;
-    let Some(kv) = resp.kvs().first() else { return Ok(0) };
-    let text = kv.value_str().unwrap_or("");
-    Ok(text.parse::<i64>().ok().filter(|c| *c >= 0).unwrap_or_else(|| {
-        tracing::warn!(key = layout::CLOCK, value = text, "the cluster clock is not a reading; beating with 0");
-        0
-    }))
+    let Some(kv) = resp.kvs().first() else { return Ok(Ok(0)) };
+    Ok(clock_reading(kv.value()))
+}
+
+/// A clock reading (seconds, 0 or more), or the value (at most 64
+/// characters of it) when it is not one.
+fn clock_reading(value: &[u8]) -> Result<i64, String> {
+    let text = String::from_utf8_lossy(value);
+    text.parse::<i64>().ok().filter(|c| *c >= 0).ok_or_else(|| text.chars().take(64).collect())
 }
 
 /// A fact the agent writes: its value, and whether it dies with the lease.
@@ -1168,6 +1180,17 @@ async fn watch_message(conn: &mut Option<Conn>) -> Result<bool, etcd_client::Err
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clock_that_is_not_a_reading_is_named_and_never_a_beat() {
+        assert_eq!(clock_reading(b"1730000000"), Ok(1_730_000_000));
+        assert_eq!(clock_reading(b"0"), Ok(0));
+        assert_eq!(clock_reading(b"-5"), Err("-5".into()));
+        assert_eq!(clock_reading(b" 12"), Err(" 12".into()));
+        assert_eq!(clock_reading(b"99999999999999999999"), Err("99999999999999999999".into()));
+        assert_eq!(clock_reading(b"\xff\xfe"), Err("\u{fffd}\u{fffd}".into()));
+        assert_eq!(clock_reading("x".repeat(1000).as_bytes()).unwrap_err().len(), 64);
+    }
 
     #[test]
     fn crash_backoff_doubles_and_caps() {
