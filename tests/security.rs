@@ -96,6 +96,10 @@ async fn an_agent_reads_the_cluster_clock_and_nothing_else_of_status_and_regrant
     let mut fresh = connect_as(&etcd_url(), &credentials(), "agent-n1").await;
     assert_eq!(allowed(fresh.get("status/clock", None).await), Ok(true));
     assert_eq!(allowed(fresh.get("status/clockwork", None).await), Ok(false));
+    // Only root may regrant: anyone else is refused and told so, and nothing changes.
+    let out = ccattler_as("user", &["auth", "regrant"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("as root"), "{err}");
 }
 
 /// Whether etcd lets `c` watch `prefix`: a refused watch is created and

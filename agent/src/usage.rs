@@ -43,13 +43,13 @@ impl Held {
         let gone = self.figures.keys().any(|s| !now_sums.contains_key(s));
         let since = self.changed_at.map(|t| now.saturating_duration_since(t));
         let due = since.is_none_or(|d| d >= MIN_PERIOD);
-        let moved = now_sums.iter().any(|(s, &now)| self.figures.get(s).is_none_or(|&held| moved(held, now)));
+        let any_moved = now_sums.iter().any(|(s, &now)| self.figures.get(s).is_none_or(|&held| moved(held, now)));
         let stale = since.is_none_or(|d| d >= MAX_PERIOD) && now_sums != self.figures;
-        if due && (moved || stale) {
-            let changed = now_sums != self.figures;
+        // (Either implies the figures differ.)
+        if due && (any_moved || stale) {
             self.figures = now_sums;
             self.changed_at = Some(now);
-            return changed;
+            return true;
         }
         if gone {
             // Only the departures, at once; the rest waits its turn.

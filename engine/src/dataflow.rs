@@ -9,7 +9,7 @@ use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
 use differential_dataflow::operators::iterate::VecVariable;
 use differential_dataflow::trace::implementations::{KeyBuilder, KeySpine, ValSpine};
 use differential_dataflow::VecCollection;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use timely::order::Product;
 use timely::progress::Timestamp;
@@ -168,11 +168,11 @@ fn segments(steps: &[Step]) -> Vec<(Option<&Step>, Vec<Step>)> {
 /// far (two bindings that differ only in one no step reads are two).
 fn layouts(plan: &RulePlan, segments: &[(Option<&Step>, Vec<Step>)]) -> Vec<Rc<[usize]>> {
     let aggregate = plan.has_aggregate();
-    let mut head_reads = std::collections::BTreeSet::new();
+    let mut head_reads = BTreeSet::new();
     for h in &plan.head_terms {
         match h {
-            CHead::Expr(e) => expr_vars(e, &mut head_reads),
-            CHead::Agg(_, es) => es.iter().for_each(|e| expr_vars(e, &mut head_reads)),
+            CHead::Expr(e) => e.vars(&mut head_reads),
+            CHead::Agg(_, es) => es.iter().for_each(|e| e.vars(&mut head_reads)),
         }
     }
     // Read after segment n: by the segments after it, or the head.
@@ -181,64 +181,22 @@ fn layouts(plan: &RulePlan, segments: &[(Option<&Step>, Vec<Step>)]) -> Vec<Rc<[
         let mut r = read_after[n + 1].clone();
         let (head, pure) = &segments[n + 1];
         for step in head.iter().copied().chain(pure) {
-            step_reads(step, &mut r);
+            step.reads(&mut r);
         }
         read_after[n] = r;
     }
-    let mut bound = std::collections::BTreeSet::new();
+    let mut bound = BTreeSet::new();
     segments
         .iter()
         .zip(read_after)
         .map(|((head, pure), read)| {
             for step in head.iter().copied().chain(pure) {
-                step_binds(step, &mut bound);
+                step.binds(&mut bound);
             }
             let keep: Vec<usize> = bound.iter().copied().filter(|v| aggregate || read.contains(v)).collect();
             Rc::from(keep)
         })
         .collect()
-}
-
-fn expr_vars(e: &CExpr, out: &mut std::collections::BTreeSet<usize>) {
-    match e {
-        CExpr::Val(_) => {}
-        CExpr::Var(v) => {
-            out.insert(*v);
-        }
-        CExpr::Neg(x) => expr_vars(x, out),
-        CExpr::Bin(_, x, y) => {
-            expr_vars(x, out);
-            expr_vars(y, out);
-        }
-        CExpr::Call(_, args) => args.iter().for_each(|a| expr_vars(a, out)),
-    }
-}
-
-/// The variables a step reads.
-fn step_reads(step: &Step, out: &mut std::collections::BTreeSet<usize>) {
-    match step {
-        Step::Join { key, .. } | Step::AntiJoin { key, .. } => out.extend(key.iter().map(|(_, v)| *v)),
-        Step::Filter { lhs, rhs, .. } => {
-            expr_vars(lhs, out);
-            expr_vars(rhs, out);
-        }
-        Step::Assign { expr, .. } => expr_vars(expr, out),
-        Step::Range { lo, hi, .. } => {
-            expr_vars(lo, out);
-            expr_vars(hi, out);
-        }
-    }
-}
-
-/// The variables a step binds.
-fn step_binds(step: &Step, out: &mut std::collections::BTreeSet<usize>) {
-    match step {
-        Step::Join { bind, .. } => out.extend(bind.iter().map(|(_, v)| *v)),
-        Step::Assign { var, .. } | Step::Range { var, .. } => {
-            out.insert(*var);
-        }
-        Step::AntiJoin { .. } | Step::Filter { .. } => {}
-    }
 }
 
 /// A full binding row cut for a join or an anti-join on `key`'s variables:
@@ -383,7 +341,7 @@ fn distinct_with_trace(rows: Coll<'_, u64>) -> (Coll<'_, u64>, QueryTrace) {
 /// ```
 /// is one (each head row names the one pair of rows behind it); dropping `s`
 /// or `v` from the head would not be.
-fn yields_set(plan: &RulePlan, sets: &std::collections::BTreeSet<RelId>, arity: impl Fn(RelId) -> usize) -> bool {
+fn yields_set(plan: &RulePlan, sets: &BTreeSet<RelId>, arity: impl Fn(RelId) -> usize) -> bool {
     let mut must_keep = Vec::new();
     for step in &plan.steps {
         match step {
@@ -451,8 +409,8 @@ pub fn components(program: &Program, plans: &[Rc<RulePlan>]) -> Vec<Vec<RelId>> 
 
 /// What the rules deriving `derived` read: relations their atoms join or
 /// anti-join, and what their built-ins read (outside `derived` or not).
-pub fn reads(program: &Program, plans: &[Rc<RulePlan>], derived: &std::collections::BTreeSet<RelId>) -> std::collections::BTreeSet<RelId> {
-    let mut out = std::collections::BTreeSet::new();
+pub fn reads(program: &Program, plans: &[Rc<RulePlan>], derived: &BTreeSet<RelId>) -> BTreeSet<RelId> {
+    let mut out = BTreeSet::new();
     for p in plans.iter().filter(|p| derived.contains(&p.head)) {
         for step in &p.steps {
             if let Step::Join { rel, .. } | Step::AntiJoin { rel, .. } = step {
@@ -470,10 +428,10 @@ pub fn reads(program: &Program, plans: &[Rc<RulePlan>], derived: &std::collectio
 /// reads only inputs and relations of groups before it: one per stratum
 /// (each a dataflow of its own, advanced only when rows reach it), or one
 /// per independent part (`parts`), or a single one (`one`).
-pub fn groups(program: &Program, plans: &[Rc<RulePlan>], split: Split) -> Vec<std::collections::BTreeSet<RelId>> {
+pub fn groups(program: &Program, plans: &[Rc<RulePlan>], split: Split) -> Vec<BTreeSet<RelId>> {
     let is_input = |rel: RelId| program.relations[rel].kind == ccattler_parser::ast::DeclKind::Input;
-    let derived_of = |rels: &mut dyn Iterator<Item = RelId>| -> std::collections::BTreeSet<RelId> { rels.filter(|r| !is_input(*r)).collect() };
-    let groups: Vec<std::collections::BTreeSet<RelId>> = match split {
+    let derived_of = |rels: &mut dyn Iterator<Item = RelId>| -> BTreeSet<RelId> { rels.filter(|r| !is_input(*r)).collect() };
+    let groups: Vec<BTreeSet<RelId>> = match split {
         Split::Strata => program.strata.iter().map(|s| derived_of(&mut s.relations.iter().copied())).collect(),
         Split::Parts => components(program, plans).into_iter().map(|c| derived_of(&mut c.into_iter())).collect(),
         Split::One => vec![derived_of(&mut (0..program.relations.len()))],
@@ -491,19 +449,13 @@ pub enum Split {
 
 /// Builds the relations of one part (`only`, from [`components`]; the
 /// inputs given are that part's).
-pub fn build<'s>(
-    program: &Program,
-    plans: &[Rc<RulePlan>],
-    inputs: BTreeMap<RelId, Coll<'s, u64>>,
-    unit: Coll<'s, u64>,
-    only: &std::collections::BTreeSet<RelId>,
-) -> Built<'s> {
+pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<RelId, Coll<'s, u64>>, unit: Coll<'s, u64>, only: &BTreeSet<RelId>) -> Built<'s> {
     let is_output = |rel: RelId| program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
     let mut attributed = BTreeMap::new();
     let mut traces = BTreeMap::new();
     // Relations known to hold each row once: inputs (a key gives one row, and
     // a row renders to one key), and what `distinct` or an aggregate makes.
-    let mut sets: std::collections::BTreeSet<RelId> = inputs.keys().copied().collect();
+    let mut sets: BTreeSet<RelId> = inputs.keys().copied().collect();
     let arity = |rel: RelId| program.relations[rel].arity();
     let mut top = Scope { rels: inputs, unit, arranged: BTreeMap::new() };
     for stratum in &program.strata {
@@ -608,8 +560,8 @@ mod tests {
         let checked = ccattler_parser::check_str("t.rules", text);
         let program = checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render()));
         let plans = crate::plan::plan(&program);
-        let inputs: std::collections::BTreeSet<RelId> = program.inputs().map(|(r, _)| r).collect();
-        let set = |name: &str, sets: &std::collections::BTreeSet<RelId>| {
+        let inputs: BTreeSet<RelId> = program.inputs().map(|(r, _)| r).collect();
+        let set = |name: &str, sets: &BTreeSet<RelId>| {
             let rel = program.relation(name).unwrap();
             yields_set(plans.iter().find(|p| p.head == rel).unwrap(), sets, |r| program.relations[r].arity())
         };

@@ -27,6 +27,20 @@ impl CExpr {
         }
     }
 
+    /// The variables it reads.
+    pub fn vars(&self, out: &mut impl Extend<usize>) {
+        match self {
+            CExpr::Val(_) => {}
+            CExpr::Var(v) => out.extend([*v]),
+            CExpr::Neg(x) => x.vars(out),
+            CExpr::Bin(_, x, y) => {
+                x.vars(out);
+                y.vars(out);
+            }
+            CExpr::Call(_, args) => args.iter().for_each(|a| a.vars(out)),
+        }
+    }
+
     /// Evaluates over a binding row. `None` on overflow or division by zero:
     /// the literal using it does not hold.
     pub fn eval(&self, b: &[Value]) -> Option<Value> {
@@ -148,6 +162,29 @@ pub enum Step {
         lo: CExpr,
         hi: CExpr,
     },
+}
+
+impl Step {
+    /// The variables it reads: a join's or anti-join's key, an expression's.
+    pub fn reads(&self, out: &mut impl Extend<usize>) {
+        match self {
+            Step::Join { key, .. } | Step::AntiJoin { key, .. } => out.extend(key.iter().map(|(_, v)| *v)),
+            Step::Filter { lhs, rhs, .. } | Step::Range { lo: lhs, hi: rhs, .. } => {
+                lhs.vars(out);
+                rhs.vars(out);
+            }
+            Step::Assign { expr, .. } => expr.vars(out),
+        }
+    }
+
+    /// The variables it binds.
+    pub fn binds(&self, out: &mut impl Extend<usize>) {
+        match self {
+            Step::Join { bind, .. } => out.extend(bind.iter().map(|(_, v)| *v)),
+            Step::Assign { var, .. } | Step::Range { var, .. } => out.extend([*var]),
+            Step::AntiJoin { .. } | Step::Filter { .. } => {}
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

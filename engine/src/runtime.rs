@@ -689,14 +689,15 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                         }
                     }
                     let rows: Vec<(RelId, Row, u64, isize)> = groups[g].feed.borrow_mut().drain(..).collect();
+                    let mut fed = std::collections::BTreeSet::new();
                     for (rel, row, t, d) in rows {
-                        for &reader in readers.get(&rel).into_iter().flatten() {
-                            debug_assert!(reader > g, "a group reads only groups before it");
-                            if let Some(input) = groups[reader].inputs.get_mut(&rel) {
-                                input.update_at(row.clone(), t, d);
-                                shared.fed_at[reader].store(rev, Ordering::Release);
-                            }
-                        }
+                        let Some(gs) = readers.get(&rel) else { continue };
+                        debug_assert!(gs.iter().all(|&reader| reader > g), "a group reads only groups before it");
+                        enter(&mut groups, gs, rel, row, t, d);
+                        fed.extend(gs.iter().copied());
+                    }
+                    for reader in fed {
+                        shared.fed_at[reader].store(rev, Ordering::Release);
                     }
                     // Every worker has passed this group on before any
                     // decides which group comes next.
@@ -783,16 +784,20 @@ fn mark(groups: &mut [Group], readers: &BTreeMap<RelId, Vec<usize>>, touched: &[
 /// time `at` (not yet flushed).
 fn feed(groups: &mut [Group], readers: &BTreeMap<RelId, Vec<usize>>, at: u64, changes: Vec<Change>) {
     for (rel, row, d) in changes {
-        let Some(gs) = readers.get(&rel) else { continue };
-        for (n, &g) in gs.iter().enumerate() {
-            let input = groups[g].inputs.get_mut(&rel).expect("a reader has the input");
-            if n + 1 == gs.len() {
-                input.update_at(row, at, d);
-                break;
-            }
-            input.update_at(row.clone(), at, d);
+        if let Some(gs) = readers.get(&rel) {
+            enter(groups, gs, rel, row, at, d);
         }
     }
+}
+
+/// Enters one row of `rel` into the input sessions of the groups `gs` (its
+/// readers) at time `at`.
+fn enter(groups: &mut [Group], gs: &[usize], rel: RelId, row: Row, at: u64, d: isize) {
+    let Some((&last, rest)) = gs.split_last() else { return };
+    for &g in rest {
+        groups[g].inputs.get_mut(&rel).expect("a reader has the input").update_at(row.clone(), at, d);
+    }
+    groups[last].inputs.get_mut(&rel).expect("a reader has the input").update_at(row, at, d);
 }
 
 /// Every row with a positive count as of revision `as_of` in a trace that
@@ -870,8 +875,6 @@ mod tests {
         assert!(matches!(snap.query(r), Err(EngineError::Stopped(_))));
     }
 
-    /// Two parts no rule connects: revisions that change only one leave the
-    /// other where it was, and reads of it stay right at every revision.
     #[test]
     fn a_split_name_that_is_none_of_the_three_is_refused_and_named() {
         assert_eq!(split_named(None), Ok(dataflow::Split::Strata));
@@ -884,6 +887,8 @@ mod tests {
         }
     }
 
+    /// Two parts no rule connects: revisions that change only one leave the
+    /// other where it was, and reads of it stay right at every revision.
     #[test]
     fn a_part_no_change_reaches_is_left_alone_and_still_reads_right() {
         let src = "input e(a: int, b: int) from \"e/{a}/{b}\"\ninput f(a: int, b: int) from \"f/{a}/{b}\"\n\

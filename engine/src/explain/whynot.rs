@@ -761,24 +761,17 @@ pub fn short(w: &WhyNot) -> String {
 
 /// A literal with its bindings known binds nothing new.
 fn checkable(step: &Step, b: &Binding) -> bool {
-    let bound = |e: &crate::plan::CExpr| vars(e).iter().all(|v| b[*v].is_some());
+    let bound = |e: &crate::plan::CExpr| {
+        let mut vars = Vec::new();
+        e.vars(&mut vars);
+        vars.iter().all(|v| b[*v].is_some())
+    };
     match step {
         Step::Join { bind, .. } => bind.iter().all(|(_, v)| b[*v].is_some()),
         Step::AntiJoin { key, .. } => key.iter().all(|(_, v)| b[*v].is_some()),
         Step::Filter { lhs, rhs, .. } => bound(lhs) && bound(rhs),
         Step::Assign { expr, .. } => bound(expr),
         Step::Range { var, lo, hi } => b[*var].is_some() && bound(lo) && bound(hi),
-    }
-}
-
-fn vars(e: &crate::plan::CExpr) -> Vec<usize> {
-    use crate::plan::CExpr;
-    match e {
-        CExpr::Val(_) => vec![],
-        CExpr::Var(v) => vec![*v],
-        CExpr::Neg(x) => vars(x),
-        CExpr::Bin(_, a, b) => [vars(a), vars(b)].concat(),
-        CExpr::Call(_, args) => args.iter().flat_map(vars).collect(),
     }
 }
 
