@@ -6,6 +6,7 @@
 //! keys and values to input tuples and output tuples back to keys.
 
 pub mod builtin;
+pub mod cluster;
 pub mod cowmap;
 pub mod dataflow;
 pub mod explain;
@@ -18,6 +19,6 @@ pub mod session;
 pub mod synth;
 pub mod value;
 
-pub use runtime::{default_workers, disable_huge_pages, Change, Engine, EngineError, Reads, Snapshot};
+pub use runtime::{default_workers, disable_huge_pages, serve, Change, Cluster, Engine, EngineError, Reads, Snapshot};
 pub use session::{Session, SessionError};
 pub use value::{Row, Value};

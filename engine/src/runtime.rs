@@ -1,6 +1,7 @@
 //! The engine's threads: timely workers that own the dataflow, driven over
 //! channels. Callers talk to [`Engine`]; nothing of timely leaks out.
 
+pub use crate::cluster::Cluster;
 use crate::dataflow::{self, Coll, QueryTrace};
 use crate::plan::{self, RulePlan};
 use crate::value::{Row, Value};
@@ -8,12 +9,14 @@ use ccattler_parser::program::{Program, RelId};
 use differential_dataflow::input::{Input, InputSession};
 use differential_dataflow::trace::cursor::{cursor_list, Cursor};
 use differential_dataflow::trace::TraceReader;
+use differential_dataflow::AsCollection as _;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use timely::dataflow::operators::probe::{Handle as Probe, Probe as _};
+use timely::dataflow::operators::Exchange as _;
 use timely::progress::frontier::Antichain;
 
 /// A change to one relation: +1 inserts a tuple, -1 removes it.
@@ -29,6 +32,8 @@ pub enum EngineError {
     Arity { relation: String, expected: usize, found: usize },
     #[error("the engine's workers stopped: {0}")]
     Stopped(String),
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 enum Cmd {
@@ -48,20 +53,14 @@ enum Cmd {
         /// The input relations changed (told to every worker).
         touched: Vec<RelId>,
     },
-    /// Read a relation's tuples as of a revision (each worker answers with
-    /// its share).
-    Query {
-        rel: RelId,
-        as_of: u64,
-        reply: Sender<Vec<Row>>,
-    },
-    /// Read the tuples that start with `prefix` as of a revision (a seek in
-    /// the arrangement).
-    Lookup {
+    /// Read a relation's tuples that start with `prefix` (all of them when
+    /// it is empty) as of a revision: a seek in the arrangement. Each worker
+    /// answers with its share.
+    Read {
         rel: RelId,
         prefix: Row,
         as_of: u64,
-        reply: Sender<Vec<Row>>,
+        reply: Answer,
     },
     /// Keep the traces readable as of `rev` (compaction stops there) until
     /// the matching `Unpin`.
@@ -128,9 +127,31 @@ impl Engine {
     /// Compiles `program` and starts `workers` worker threads.
     pub fn start(program: Arc<Program>, workers: usize) -> Result<Engine, EngineError> {
         let workers = workers.max(1);
+        let config = if workers == 1 { timely::Config::thread() } else { timely::Config::process(workers) };
+        Engine::launch(program, Topology::Process(config), workers)
+    }
+
+    /// Starts this process's part of an engine that runs as a timely cluster
+    /// of several processes: the first process (`cluster.process == 0`),
+    /// whose first worker takes the commands and passes them on. Blocks until
+    /// every process of the cluster has connected; the others run
+    /// [`serve`].
+    pub fn start_cluster(program: Arc<Program>, cluster: &Cluster) -> Result<Engine, EngineError> {
+        cluster.check()?;
+        if cluster.process != 0 {
+            return Err(EngineError::Cluster(format!("process {} serves the cluster; only process 0 takes commands", cluster.process)));
+        }
+        Engine::launch(program, Topology::Cluster(cluster), cluster.workers)
+    }
+
+    fn launch(program: Arc<Program>, topology: Topology<'_>, workers: usize) -> Result<Engine, EngineError> {
+        let cluster = matches!(topology, Topology::Cluster(_));
+        // Who takes commands from the engine's channels: every worker of one
+        // process, or a cluster's first worker alone.
+        let leads = if cluster { 1 } else { workers };
         let mut senders = Vec::new();
         let mut receivers = Vec::new();
-        for _ in 0..workers {
+        for _ in 0..leads {
             let (s, r) = channel();
             senders.push(s);
             receivers.push(Some(r));
@@ -139,20 +160,27 @@ impl Engine {
         let (done_tx, reports) = channel();
         // One sender per worker, taken by it: a worker that stops drops its
         // own (timely may keep the thread, and this closure, alive).
-        let done_txs: Arc<Mutex<Vec<Option<Sender<Report>>>>> = Arc::new(Mutex::new((0..workers).map(|_| Some(done_tx.clone())).collect()));
+        let done_txs: Arc<Mutex<Vec<Option<Sender<Report>>>>> = Arc::new(Mutex::new((0..leads).map(|_| Some(done_tx.clone())).collect()));
         drop(done_tx);
         let prog = program.clone();
         let shared = Arc::new(Shared::new(workers, Layout::of(&program, split())));
         let workers_shared = shared.clone();
-        let config = if workers == 1 { timely::Config::thread() } else { timely::Config::process(workers) };
-        let guards = timely::execute(config, move |worker| {
+        let work = move |worker: &mut timely::worker::Worker| {
             let rx = receivers.lock().expect("receiver list").get_mut(worker.index()).and_then(Option::take);
             let tx = done_txs.lock().expect("sender list").get_mut(worker.index()).and_then(Option::take);
-            if let (Some(rx), Some(tx)) = (rx, tx) {
-                run_worker(worker, &prog, &workers_shared, rx, tx);
-            }
-        })
-        .map_err(EngineError::Stopped)?;
+            let role = match (rx, cluster) {
+                (Some(rx), false) => Role::Alone(rx),
+                (Some(rx), true) => Role::Lead(rx),
+                // A cluster's other workers on this process follow the first.
+                (None, true) => Role::Follow,
+                (None, false) => return,
+            };
+            run_worker(worker, &prog, &workers_shared, role, tx);
+        };
+        let guards = match topology {
+            Topology::Process(config) => timely::execute(config, work).map_err(EngineError::Stopped)?,
+            Topology::Cluster(cluster) => cluster.execute(work)?,
+        };
         Ok(Engine { program, senders, reports, guards: Some(guards), shared, last_rev: 0, staged: None })
     }
 
@@ -341,13 +369,13 @@ impl Drop for Snapshot {
 }
 
 fn query(senders: &[Sender<Cmd>], rel: RelId, as_of: u64) -> Result<Vec<Row>, EngineError> {
-    let mut rows = ask(senders, |reply| Cmd::Query { rel, as_of, reply })?;
+    let mut rows = ask(senders, |reply| Cmd::Read { rel, prefix: Row::new(), as_of, reply: Answer::Here(reply) })?;
     rows.sort_by(|a, b| crate::value::cmp_rows(a, b));
     Ok(rows)
 }
 
 fn lookup(senders: &[Sender<Cmd>], rel: RelId, prefix: &[Value], as_of: u64) -> Result<Vec<Row>, EngineError> {
-    ask(senders, |reply| Cmd::Lookup { rel, prefix: Row::from(prefix), as_of, reply })
+    ask(senders, |reply| Cmd::Read { rel, prefix: Row::from(prefix), as_of, reply: Answer::Here(reply) })
 }
 
 /// Sends a read to every worker and gathers their shares; a worker that
@@ -535,12 +563,263 @@ impl Drop for PoisonOnPanic<'_> {
     }
 }
 
-fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &Shared, rx: Receiver<Cmd>, tx: Sender<Report>) {
+/// Where an engine's workers run: threads of this process, or this
+/// process's part of a cluster.
+enum Topology<'a> {
+    Process(timely::Config),
+    Cluster(&'a Cluster),
+}
+
+/// A worker's place: alone among the threads of one process, or in a
+/// cluster of processes the first (taking the engine's commands) or one
+/// of the others (following it).
+enum Role {
+    Alone(Receiver<Cmd>),
+    Lead(Receiver<Cmd>),
+    Follow,
+}
+
+/// Where a read's answer goes.
+enum Answer {
+    /// Straight back to the caller (one process: each worker its share).
+    Here(Sender<Vec<Row>>),
+    /// To the caller, once every worker of the cluster sent its share to the
+    /// first worker (read `id`).
+    Gather(Sender<Vec<Row>>, u64),
+    /// To the cluster's first worker, as the share of its read `id`.
+    Relay(u64),
+}
+
+/// A command as the cluster's first worker passes it on to the others:
+/// without the input changes (it feeds them alone; the dataflow spreads
+/// them) and without channels.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+enum Wire {
+    Stage { at: u64, touched: Vec<RelId> },
+    Apply { revs: Vec<u64>, touched: Vec<RelId> },
+    Read { id: u64, rel: RelId, prefix: Row, as_of: u64 },
+    Pin { rev: u64 },
+    Unpin { rev: u64 },
+    Stop,
+}
+
+/// What a command source had.
+enum Next {
+    Cmd(Cmd),
+    /// Nothing yet (asked not to wait).
+    Empty,
+    /// The source is gone: the worker stops.
+    Closed,
+}
+
+/// Where a worker's commands come from.
+enum Source {
+    /// The engine's channel: every worker of a one-process engine.
+    Channel(Receiver<Cmd>),
+    /// The engine's channel, each command passed on to every other worker
+    /// first: a cluster's first worker.
+    Lead(Receiver<Cmd>, Relay),
+    /// The commands the cluster's first worker passed on.
+    Follow(Relay),
+}
+
+impl Source {
+    /// The next command; with `wait`, blocks (stepping the dataflows, for a
+    /// follower) until there is one.
+    fn next(&mut self, worker: &mut timely::worker::Worker, shared: &Shared, wait: bool) -> Next {
+        let (rx, relay) = match self {
+            Source::Channel(rx) => return take(rx, wait),
+            Source::Lead(rx, relay) => (rx, relay),
+            Source::Follow(relay) => return relay.take(worker, shared, wait),
+        };
+        match take(rx, wait) {
+            Next::Cmd(cmd) => Next::Cmd(relay.pass_on(cmd)),
+            Next::Empty => Next::Empty,
+            Next::Closed => {
+                relay.send(Wire::Stop);
+                Next::Closed
+            }
+        }
+    }
+
+    fn relay(&mut self) -> &mut Relay {
+        match self {
+            Source::Lead(_, relay) | Source::Follow(relay) => relay,
+            Source::Channel(_) => unreachable!("only a cluster's workers gather and relay reads"),
+        }
+    }
+}
+
+fn take(rx: &Receiver<Cmd>, wait: bool) -> Next {
+    use std::sync::mpsc::TryRecvError;
+    if wait {
+        return rx.recv().map_or(Next::Closed, Next::Cmd);
+    }
+    match rx.try_recv() {
+        Ok(cmd) => Next::Cmd(cmd),
+        Err(TryRecvError::Empty) => Next::Empty,
+        Err(TryRecvError::Disconnected) => Next::Closed,
+    }
+}
+
+/// How long a waiting worker of a cluster parks between looks at its
+/// inbox (messages from other processes wake it sooner).
+const PARK: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A cluster's own channels, over timely's communication: commands from
+/// the first worker to every other, numbered (taken in that order), and
+/// the shares of reads back to the first worker.
+struct Relay {
+    commands: timely::dataflow::operators::vec::input::Handle<u64, (u64, u64, Wire)>,
+    inbox: Rc<RefCell<BTreeMap<u64, Wire>>>,
+    /// The next command's number: to send (first worker) or to take.
+    seq: u64,
+    shares: timely::dataflow::operators::vec::input::Handle<u64, (u64, Vec<Row>)>,
+    /// Per read, the rows gathered and how many workers sent theirs.
+    gathered: Rc<RefCell<BTreeMap<u64, (Vec<Row>, usize)>>>,
+    peers: usize,
+}
+
+impl Relay {
+    fn build(worker: &mut timely::worker::Worker) -> Relay {
+        use timely::dataflow::operators::{vec::Input as _, Exchange as _, Inspect as _};
+        let inbox: Rc<RefCell<BTreeMap<u64, Wire>>> = Default::default();
+        let gathered: Rc<RefCell<BTreeMap<u64, (Vec<Row>, usize)>>> = Default::default();
+        let (into, from) = (inbox.clone(), gathered.clone());
+        let (commands, shares) = worker.dataflow::<u64, _, _>(move |scope| {
+            let (commands, stream) = scope.new_input::<(u64, u64, Wire)>();
+            stream.exchange(|(to, _, _)| *to).inspect(move |(_, seq, wire)| {
+                into.borrow_mut().insert(*seq, wire.clone());
+            });
+            let (shares, stream) = scope.new_input::<(u64, Vec<Row>)>();
+            stream.exchange(|_| 0).inspect(move |(id, rows)| {
+                let mut gathered = from.borrow_mut();
+                let entry = gathered.entry(*id).or_default();
+                entry.0.extend(rows.iter().cloned());
+                entry.1 += 1;
+            });
+            (commands, shares)
+        });
+        Relay { commands, inbox, seq: 0, shares, gathered, peers: worker.peers() }
+    }
+
+    /// Sends a command to every other worker (the first worker's part).
+    fn send(&mut self, wire: Wire) {
+        for to in 1..self.peers as u64 {
+            self.commands.send((to, self.seq, wire.clone()));
+        }
+        // Closing the time is what wakes the operators downstream (a flush
+        // alone leaves the rows queued until something else runs them).
+        self.seq += 1;
+        self.commands.advance_to(self.seq);
+    }
+
+    /// Passes a command from the engine's channel on to the other workers
+    /// and returns it as the first worker runs it.
+    fn pass_on(&mut self, cmd: Cmd) -> Cmd {
+        let wire = match &cmd {
+            Cmd::Stage { at, touched, .. } => Wire::Stage { at: *at, touched: touched.clone() },
+            Cmd::Apply { batches, touched } => Wire::Apply { revs: batches.iter().map(|(rev, _)| *rev).collect(), touched: touched.clone() },
+            Cmd::Read { rel, prefix, as_of, .. } => Wire::Read { id: self.seq, rel: *rel, prefix: prefix.clone(), as_of: *as_of },
+            Cmd::Pin { rev } => Wire::Pin { rev: *rev },
+            Cmd::Unpin { rev } => Wire::Unpin { rev: *rev },
+            Cmd::Stop => Wire::Stop,
+        };
+        let id = self.seq;
+        self.send(wire);
+        match cmd {
+            Cmd::Read { rel, prefix, as_of, reply: Answer::Here(reply) } => Cmd::Read { rel, prefix, as_of, reply: Answer::Gather(reply, id) },
+            cmd => cmd,
+        }
+    }
+
+    /// The next command the first worker passed on (a follower's part).
+    fn take(&mut self, worker: &mut timely::worker::Worker, shared: &Shared, wait: bool) -> Next {
+        loop {
+            if let Some(wire) = self.inbox.borrow_mut().remove(&self.seq) {
+                self.seq += 1;
+                return Next::Cmd(match wire {
+                    Wire::Stage { at, touched } => Cmd::Stage { at, changes: Vec::new(), touched },
+                    Wire::Apply { revs, touched } => Cmd::Apply { batches: revs.into_iter().map(|rev| (rev, Vec::new())).collect(), touched },
+                    Wire::Read { id, rel, prefix, as_of } => Cmd::Read { rel, prefix, as_of, reply: Answer::Relay(id) },
+                    Wire::Pin { rev } => Cmd::Pin { rev },
+                    Wire::Unpin { rev } => Cmd::Unpin { rev },
+                    Wire::Stop => Cmd::Stop,
+                });
+            }
+            if !wait {
+                return Next::Empty;
+            }
+            if shared.is_poisoned() {
+                return Next::Closed;
+            }
+            worker.step_or_park(Some(PARK));
+        }
+    }
+
+    /// Sends this worker's share of read `id` to the first worker.
+    fn answer(&mut self, id: u64, rows: Vec<Row>) {
+        self.shares.send((id, rows));
+        let next = *self.shares.time() + 1;
+        self.shares.advance_to(next);
+    }
+
+    /// The first worker's own share of read `id` with every other worker's,
+    /// once all have come (None if a worker of this process panicked).
+    fn gather(&mut self, worker: &mut timely::worker::Worker, shared: &Shared, id: u64, mut rows: Vec<Row>) -> Option<Vec<Row>> {
+        loop {
+            let complete = self.gathered.borrow().get(&id).map_or(self.peers == 1, |(_, n)| *n + 1 == self.peers);
+            if complete {
+                if let Some((theirs, _)) = self.gathered.borrow_mut().remove(&id) {
+                    rows.extend(theirs);
+                }
+                return Some(rows);
+            }
+            if shared.is_poisoned() {
+                return None;
+            }
+            worker.step_or_park(Some(PARK));
+        }
+    }
+}
+
+/// Runs this process's workers of a cluster whose process 0 runs the
+/// [`Engine`] ([`Engine::start_cluster`]): they follow its commands until
+/// it stops. Blocks until every process has connected and then until the
+/// engine stops; an error if a worker panicked. The cluster is one failure
+/// domain (timely's): a process that dies stops the computation, and its
+/// supervisor restarts the group.
+pub fn serve(program: Arc<Program>, cluster: &Cluster) -> Result<(), EngineError> {
+    cluster.check()?;
+    if cluster.process == 0 {
+        return Err(EngineError::Cluster("process 0 runs the engine (Engine::start_cluster), not serve".into()));
+    }
+    let shared = Arc::new(Shared::new(cluster.workers, Layout::of(&program, split())));
+    let workers_shared = shared.clone();
+    let guards = cluster.execute(move |worker| run_worker(worker, &program, &workers_shared, Role::Follow, None))?;
+    let panicked = guards.join().into_iter().find_map(Result::err);
+    match panicked {
+        Some(why) => Err(EngineError::Stopped(why)),
+        None if shared.is_poisoned() => Err(EngineError::Stopped("a worker panicked".into())),
+        None => Ok(()),
+    }
+}
+
+fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &Shared, role: Role, tx: Option<Sender<Report>>) {
     use std::sync::atomic::Ordering;
     let _poison = PoisonOnPanic(shared);
     let panic_at = injected_panic_at().filter(|_| worker.index() + 1 == worker.peers());
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
     let outputs: Rc<OutputBuffer> = Rc::new(RefCell::new(Vec::new()));
+    // A cluster of processes: the first worker passes commands on over a
+    // dataflow of their own (built first, on every worker alike), reads
+    // are gathered to it, and so are output rows.
+    let cluster = !matches!(role, Role::Alone(_));
+    let mut source = match role {
+        Role::Alone(rx) => Source::Channel(rx),
+        Role::Lead(rx) => Source::Lead(rx, Relay::build(worker)),
+        Role::Follow => Source::Follow(Relay::build(worker)),
+    };
     // One dataflow per group of relations (a stratum, by default): a
     // revision advances only the groups rows reach, so the operators of a
     // group with nothing to do are not stepped at all.
@@ -564,6 +843,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
             }
             let built = dataflow::build(program, &plans, colls, unit, derived);
             for (rel, coll) in built.attributed {
+                let coll = if cluster { coll.inner.exchange(|_| 0).as_collection() } else { coll };
                 let buf = outputs.clone();
                 coll.inspect_batch(move |_t, data| {
                     let mut b = buf.borrow_mut();
@@ -607,9 +887,9 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
     loop {
         let cmd = match next.take() {
             Some(cmd) => cmd,
-            None => match rx.recv() {
-                Ok(cmd) => cmd,
-                Err(_) => return,
+            None => match source.next(worker, shared, true) {
+                Next::Cmd(cmd) => cmd,
+                Next::Empty | Next::Closed => return,
             },
         };
         match cmd {
@@ -624,15 +904,15 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 // Work on it until the next command comes (or a few steps
                 // have passed: what is left waits for the revision's close).
                 for _ in 0..STAGE_STEPS {
-                    match rx.try_recv() {
-                        Ok(cmd) => {
+                    match source.next(worker, shared, false) {
+                        Next::Cmd(cmd) => {
                             next = Some(cmd);
                             break;
                         }
-                        Err(std::sync::mpsc::TryRecvError::Empty) => {
+                        Next::Empty => {
                             worker.step();
                         }
-                        Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+                        Next::Closed => return,
                     }
                 }
             }
@@ -657,7 +937,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                             (rel, row, d)
                         })
                         .collect();
-                    if !part.is_empty() && reporting {
+                    if let Some(tx) = tx.as_ref().filter(|_| reporting && !part.is_empty()) {
                         reporting = tx.send(Report::Part(part)).is_ok();
                     }
                 };
@@ -665,9 +945,10 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 // reads a changed input) moves to the next time, together
                 // on every worker; the others keep their frontier (nothing
                 // in them changed, so what they hold is what they would
-                // hold at `rev`).
+                // hold at `rev`). In a cluster of processes every group moves
+                // (which ones some worker fed is known only within a process).
                 for g in 0..groups.len() {
-                    if !groups[g].dirty && shared.fed_at[g].load(Ordering::Acquire) != rev {
+                    if !cluster && !groups[g].dirty && shared.fed_at[g].load(Ordering::Acquire) != rev {
                         continue;
                     }
                     let group = &mut groups[g];
@@ -701,7 +982,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                     }
                     // Every worker has passed this group on before any
                     // decides which group comes next.
-                    if !shared.wait() {
+                    if !cluster && !shared.wait() {
                         return;
                     }
                 }
@@ -719,17 +1000,24 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                     }
                 }
                 send_part(&outputs);
-                if !reporting || tx.send(Report::Done { rev }).is_err() {
-                    return;
+                if let Some(tx) = &tx {
+                    if !reporting || tx.send(Report::Done { rev }).is_err() {
+                        return;
+                    }
                 }
             }
-            Cmd::Query { rel, as_of, reply } => {
-                let rows = traces.get_mut(&rel).map(|t| read_trace(t, &[], as_of)).unwrap_or_default();
-                let _ = reply.send(rows);
-            }
-            Cmd::Lookup { rel, prefix, as_of, reply } => {
+            Cmd::Read { rel, prefix, as_of, reply } => {
                 let rows = traces.get_mut(&rel).map(|t| read_trace(t, &prefix, as_of)).unwrap_or_default();
-                let _ = reply.send(rows);
+                match reply {
+                    Answer::Here(reply) => {
+                        let _ = reply.send(rows);
+                    }
+                    Answer::Gather(reply, id) => {
+                        let Some(all) = source.relay().gather(worker, shared, id, rows) else { return };
+                        let _ = reply.send(all);
+                    }
+                    Answer::Relay(id) => source.relay().answer(id, rows),
+                }
             }
             Cmd::Pin { rev } => *pinned.entry(rev).or_default() += 1,
             Cmd::Unpin { rev } => {
@@ -930,6 +1218,43 @@ mod tests {
             let all: Vec<Change> = [row(1, 2), row(2, 3)].into_iter().chain((2..40).map(|rev| row(rev, 1))).map(|x| (e, x, 1)).collect();
             fresh.apply(1, all).unwrap();
             assert_eq!(engine.query(r).unwrap(), fresh.query(r).unwrap());
+        }
+    }
+}
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    fn row(a: i64, b: i64) -> Row {
+        smallvec::smallvec![Value::Int(a), Value::Int(b)]
+    }
+
+    /// Two processes (threads here, each its own timely instance over
+    /// loopback TCP): the same outputs, reads and snapshots as one.
+    #[test]
+    fn a_cluster_of_two_processes_answers_as_one_process_does() {
+        let src = "input e(a: int, b: int) from \"e/{a}/{b}\"\noutput r(a: int, b: int) to \"r/{a}/{b}\"\nr(a, c) :- e(a, b), e(b, c).\n";
+        let program = Arc::new(ccattler_parser::check_str("t.rules", src).program.unwrap());
+        let (e, r) = (program.relation("e").unwrap(), program.relation("r").unwrap());
+        for workers in [1, 2] {
+            let addresses = Cluster::loopback(2).unwrap();
+            let (p, c) = (program.clone(), Cluster { workers, process: 1, addresses: addresses.clone() });
+            let other = std::thread::spawn(move || serve(p, &c));
+            let mut engine = Engine::start_cluster(program.clone(), &Cluster { workers, process: 0, addresses }).unwrap();
+            let mut alone = Engine::start(program.clone(), 1).unwrap();
+            let changes: Vec<Change> = (0..20).map(|i| (e, row(i % 7, (i * 3) % 7), 1)).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            assert_eq!(engine.apply(1, changes.clone()).unwrap(), alone.apply(1, changes).unwrap(), "{workers} worker(s)");
+            let snap = engine.snapshot().unwrap();
+            let gone = vec![(e, row(0, 0), -1), (e, row(3, 2), -1)];
+            assert_eq!(engine.apply(2, gone.clone()).unwrap(), alone.apply(2, gone).unwrap());
+            assert_eq!(engine.query(r).unwrap(), alone.query(r).unwrap());
+            assert_eq!(engine.lookup(r, &[Value::Int(1)]).unwrap().len(), alone.lookup(r, &[Value::Int(1)]).unwrap().len());
+            let before = snap.query(r).unwrap();
+            drop(snap);
+            assert!(before != engine.query(r).unwrap());
+            drop(engine);
+            other.join().unwrap().unwrap();
         }
     }
 }

@@ -2,18 +2,60 @@
 //! facts, random insert/delete batches (some entered partly staged). After every batch, every relation the
 //! engine holds must equal the oracle's full evaluation.
 //!
-//! Replay a failure: `ORACLE_SEED=<seed> [ORACLE_WORKERS=2] cargo test -p ccattler-engine --test oracle`.
+//! Replay a failure: `ORACLE_SEED=<seed> [ORACLE_WORKERS=2] [ORACLE_PROCESSES=2] cargo test -p ccattler-engine --test oracle`.
 //! More cases: `ORACLE_CASES=2000`.
 
 mod common;
-use ccattler_engine::{Engine, Row, Value};
+use ccattler_engine::{Cluster, Engine, EngineError, Row, Value};
 use ccattler_parser::ast::DeclKind;
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+/// An engine on `workers` threads, or (with `processes` above 1) a timely
+/// cluster of that many over loopback TCP, each with `workers` threads: the
+/// first runs the engine, the others serve it from threads of this test.
+struct Running {
+    engine: Option<Engine>,
+    others: Vec<std::thread::JoinHandle<Result<(), EngineError>>>,
+}
+
+fn start(program: &Arc<ccattler_parser::Program>, workers: usize, processes: usize) -> Result<Running, String> {
+    if processes <= 1 {
+        return Ok(Running { engine: Some(Engine::start(program.clone(), workers).map_err(|e| e.to_string())?), others: Vec::new() });
+    }
+    let addresses = Cluster::loopback(processes).map_err(|e| e.to_string())?;
+    let others = (1..processes)
+        .map(|process| {
+            let (program, cluster) = (program.clone(), Cluster { workers, process, addresses: addresses.clone() });
+            std::thread::spawn(move || ccattler_engine::serve(program, &cluster))
+        })
+        .collect();
+    let engine = Engine::start_cluster(program.clone(), &Cluster { workers, process: 0, addresses }).map_err(|e| e.to_string())?;
+    Ok(Running { engine: Some(engine), others })
+}
+
+impl Running {
+    fn engine(&mut self) -> &mut Engine {
+        self.engine.as_mut().expect("running")
+    }
+
+    /// Stops the engine; the processes serving it must stop cleanly too.
+    fn stop(mut self) -> Result<(), String> {
+        drop(self.engine.take());
+        for other in self.others.drain(..) {
+            other.join().map_err(|_| "a serving process panicked".to_string())?.map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs one case; returns a description of the first difference.
 fn run_case(seed: u64, workers: usize) -> Result<(), String> {
+    run_case_on(seed, workers, 1)
+}
+
+fn run_case_on(seed: u64, workers: usize, processes: usize) -> Result<(), String> {
     let mut rng = Rng(seed.max(1));
     let src = random_program(&mut rng);
     let checked = ccattler_parser::check_str("random.rules", &src);
@@ -21,7 +63,8 @@ fn run_case(seed: u64, workers: usize) -> Result<(), String> {
         return Err(format!("generated program does not check:\n{src}\n{}", checked.render()));
     };
     let program = Arc::new(program);
-    let mut engine = Engine::start(program.clone(), workers).map_err(|e| e.to_string())?;
+    let mut running = start(&program, workers, processes)?;
+    let engine = running.engine();
     let mut inputs: Db = BTreeMap::new();
     // Output diffs as released by `apply`, accumulated: (relation, [rule, row…]) → count
     // (a count above one: several bindings of one rule derive the row).
@@ -85,7 +128,7 @@ fn run_case(seed: u64, workers: usize) -> Result<(), String> {
             }
         }
     }
-    Ok(())
+    running.stop()
 }
 
 #[test]
@@ -93,7 +136,8 @@ fn engine_matches_oracle_on_random_programs() {
     if let Ok(seed) = std::env::var("ORACLE_SEED") {
         let seed: u64 = seed.parse().expect("ORACLE_SEED is a number");
         let workers = std::env::var("ORACLE_WORKERS").ok().and_then(|w| w.parse().ok()).unwrap_or(1);
-        run_case(seed, workers).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let processes = std::env::var("ORACLE_PROCESSES").ok().and_then(|w| w.parse().ok()).unwrap_or(1);
+        run_case_on(seed, workers, processes).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         return;
     }
     let cases: u64 = std::env::var("ORACLE_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
@@ -103,6 +147,21 @@ fn engine_matches_oracle_on_random_programs() {
         let workers = if i % 4 == 3 { 2 } else { 1 };
         if let Err(e) = run_case(seed, workers) {
             panic!("case failed; replay with ORACLE_SEED={seed} (workers {workers}):\n{e}");
+        }
+    }
+}
+
+/// The same cases on a timely cluster of two processes over loopback TCP
+/// (one and two workers each): every row crosses a real connection, and
+/// the results must not depend on it.
+#[test]
+fn engine_on_two_processes_matches_oracle() {
+    let cases: u64 = std::env::var("ORACLE_CLUSTER_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    for i in 0..cases {
+        let seed = 0x5eed_0000 + i;
+        let workers = if i % 2 == 1 { 2 } else { 1 };
+        if let Err(e) = run_case_on(seed, workers, 2) {
+            panic!("case failed; replay with ORACLE_SEED={seed} ORACLE_PROCESSES=2 ORACLE_WORKERS={workers}:\n{e}");
         }
     }
 }
