@@ -353,9 +353,22 @@ pub(crate) enum Command {
         rules: Vec<PathBuf>,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
-        /// Engine worker threads (default: one per core).
+        /// Engine worker threads (default: one per core; per process with
+        /// --processes).
         #[arg(long, default_value_t = ccattler_engine::default_workers())]
         workers: usize,
+        /// Run the engine as a timely cluster of this many local processes
+        /// over loopback TCP (this one and N-1 it starts); the output is the
+        /// same as with one.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+        processes: u16,
+        /// (Set by --processes for the processes it starts.) The cluster's
+        /// hosts file, one host:port a line.
+        #[arg(long, hide = true, requires = "process")]
+        hosts: Option<PathBuf>,
+        /// (Set by --processes.) This process's index in the hosts file.
+        #[arg(long, hide = true, requires = "hosts")]
+        process: Option<usize>,
     },
 }
 
@@ -609,7 +622,10 @@ pub fn main() -> ExitCode {
             Some(url) => explain_served(&url, &key, why_not, depth, format),
             None => explain(&key, why_not, facts.as_deref(), revision, &etcd, &rules, depth, format),
         },
-        Command::Eval { facts, rules, format, workers } => eval(&facts, &rules, format, workers),
+        Command::Eval { facts, rules, format, workers, processes, hosts, process } => match (hosts, process) {
+            (Some(hosts), Some(process)) => eval_serve(&rules, &hosts, process, workers),
+            _ => eval(&facts, &rules, format, workers, processes.into()),
+        },
         Command::Describe { what, rules, format } => describe(what.as_deref(), &rules, format),
         Command::Completions { shell } => completions(shell),
         Command::Man { dir } => man(&dir),

@@ -67,8 +67,16 @@ pub(crate) fn session_from_facts(
     path: &std::path::Path,
     workers: usize,
 ) -> anyhow::Result<(ccattler_engine::Session, Vec<ccattler_engine::factfile::FactLine>)> {
+    session_on_facts(ccattler_engine::Engine::start(program, workers)?, path)
+}
+
+/// A session over `engine` with a facts file written into it.
+pub(crate) fn session_on_facts(
+    engine: ccattler_engine::Engine,
+    path: &std::path::Path,
+) -> anyhow::Result<(ccattler_engine::Session, Vec<ccattler_engine::factfile::FactLine>)> {
     let lines = read_facts(path)?;
-    let mut session = ccattler_engine::Session::new(program, workers)?;
+    let mut session = ccattler_engine::Session::on(engine);
     let writes: Vec<(String, Option<String>)> = lines.iter().map(|f| (f.key.clone(), Some(f.value.clone()))).collect();
     session.write(&writes)?;
     Ok((session, lines))

@@ -575,3 +575,68 @@ fn controller_ui_with_etcd_auth_and_no_console_credential_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("no NAME:PASSWORD line") && text(&out.stderr).contains(file.to_str().unwrap()), "{}", text(&out.stderr));
 }
+
+/// `eval --processes 2` runs the engine as a timely cluster of two local
+/// processes over loopback TCP: every facts file the tests and examples
+/// ship gives byte-identical output (text and JSON, exit code) to one
+/// process.
+#[test]
+fn eval_on_two_processes_prints_what_one_process_prints() {
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    for dir in ["tests/explain", "examples"] {
+        for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "facts") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() >= 5, "{files:?}");
+    for file in &files {
+        let facts = file.to_str().unwrap();
+        for format in ["text", "json"] {
+            let one = ccattler(&["eval", "--facts", facts, "--format", format, "--workers", "1"]);
+            let two = ccattler(&["eval", "--facts", facts, "--format", format, "--workers", "1", "--processes", "2"]);
+            assert_eq!(one.status.code(), two.status.code(), "{facts} {format}: {}", text(&two.stderr));
+            assert!(!one.stdout.is_empty(), "{facts}");
+            assert!(one.stdout == two.stdout, "{facts} {format}: two processes printed\n{}\nagainst\n{}", text(&two.stdout), text(&one.stdout));
+            assert_eq!(text(&one.stderr), text(&two.stderr), "{facts} {format}");
+        }
+    }
+    // Three processes of two workers each, once.
+    let facts = files[0].to_str().unwrap();
+    let one = ccattler(&["eval", "--facts", facts]);
+    let three = ccattler(&["eval", "--facts", facts, "--workers", "2", "--processes", "3"]);
+    assert!(one.stdout == three.stdout, "{facts}: {}", text(&three.stderr));
+}
+
+#[test]
+fn eval_refuses_a_number_of_processes_it_cannot_run() {
+    for careless in ["0", "-2", "65", "two", "99999999999"] {
+        let out = ccattler(&["eval", "--facts", "examples/intent.facts", &format!("--processes={careless}")]);
+        assert_eq!(out.status.code(), Some(2), "{careless}");
+        assert!(text(&out.stderr).contains("--processes"), "{careless}: {}", text(&out.stderr));
+    }
+}
+
+/// The flags `--processes` gives the processes it starts name a bad hosts
+/// file clearly, with the file and line, instead of waiting for peers.
+#[test]
+fn a_serving_eval_process_names_a_bad_hosts_file() {
+    let dir = tempdir("eval-hosts");
+    let hosts = dir.join("hosts");
+    for (content, says) in [
+        ("127.0.0.1:4000\n127.0.0.1:4000\n", "listed twice"),
+        ("127.0.0.1:4000\nlocalhost\n", "line 2: \"localhost\" is not host:port"),
+        ("127.0.0.1:4000\n:4001\n", "is not host:port"),
+        ("127.0.0.1:0\n127.0.0.1:4001\n", "is not host:port"),
+        ("# only a comment\n", "no process addresses"),
+        ("127.0.0.1:4000\n", "process 1 is not below the 1 processes listed"),
+    ] {
+        std::fs::write(&hosts, content).unwrap();
+        let out = ccattler(&["eval", "--facts", "examples/intent.facts", "--hosts", hosts.to_str().unwrap(), "--process", "1"]);
+        assert_eq!(out.status.code(), Some(2), "{content:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(says) && err.contains(hosts.to_str().unwrap()), "{content:?}: {err}");
+    }
+}

@@ -163,7 +163,7 @@ impl Engine {
         let done_txs: Arc<Mutex<Vec<Option<Sender<Report>>>>> = Arc::new(Mutex::new((0..leads).map(|_| Some(done_tx.clone())).collect()));
         drop(done_tx);
         let prog = program.clone();
-        let shared = Arc::new(Shared::new(workers, Layout::of(&program, split())));
+        let shared = Arc::new(Shared::new(workers, Layout::of(&program, if cluster { dataflow::Split::One } else { split() })));
         let workers_shared = shared.clone();
         let work = move |worker: &mut timely::worker::Worker| {
             let rx = receivers.lock().expect("receiver list").get_mut(worker.index()).and_then(Option::take);
@@ -794,7 +794,7 @@ pub fn serve(program: Arc<Program>, cluster: &Cluster) -> Result<(), EngineError
     if cluster.process == 0 {
         return Err(EngineError::Cluster("process 0 runs the engine (Engine::start_cluster), not serve".into()));
     }
-    let shared = Arc::new(Shared::new(cluster.workers, Layout::of(&program, split())));
+    let shared = Arc::new(Shared::new(cluster.workers, Layout::of(&program, dataflow::Split::One)));
     let workers_shared = shared.clone();
     let guards = cluster.execute(move |worker| run_worker(worker, &program, &workers_shared, Role::Follow, None))?;
     let panicked = guards.join().into_iter().find_map(Result::err);
@@ -946,7 +946,9 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 // on every worker; the others keep their frontier (nothing
                 // in them changed, so what they hold is what they would
                 // hold at `rev`). In a cluster of processes every group moves
-                // (which ones some worker fed is known only within a process).
+                // (which ones some worker fed is known only within a process),
+                // so a cluster builds one group: a cut by stratum would pay a
+                // round of progress messages between processes per stratum.
                 for g in 0..groups.len() {
                     if !cluster && !groups[g].dirty && shared.fed_at[g].load(Ordering::Acquire) != rev {
                         continue;

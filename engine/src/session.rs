@@ -89,8 +89,13 @@ pub struct Session {
 
 impl Session {
     pub fn new(program: Arc<Program>, workers: usize) -> Result<Session, SessionError> {
-        Ok(Session {
-            engine: Engine::start(program, workers)?,
+        Ok(Session::on(Engine::start(program, workers)?))
+    }
+
+    /// A session over an engine already started (e.g. on a cluster).
+    pub fn on(engine: Engine) -> Session {
+        Session {
+            engine,
             stored_outputs: HashMap::default(),
             stored_records: BTreeMap::new(),
             inputs: InputFacts::default(),
@@ -99,7 +104,7 @@ impl Session {
             last_rounds: 0,
             last_writes: 0,
             last_first_diff: std::time::Duration::ZERO,
-        })
+        }
     }
 
     pub fn program(&self) -> &Arc<Program> {
