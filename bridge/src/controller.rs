@@ -268,15 +268,41 @@ struct LeaderClock {
 }
 
 impl LeaderClock {
-    /// Starts from the clock etcd holds, or 0 for a first leader.
+    /// Starts from the clock etcd holds, or else from the nodes' beats
+    /// ([`clock_start`]).
     fn start(r: &Reconciler) -> LeaderClock {
         let held = r.inputs.facts.get(CLOCK_KEY).and_then(|f| f.value.parse::<i64>().ok());
-        LeaderClock { base: held.unwrap_or(0), since: Instant::now(), written: None }
+        let beats = r
+            .inputs
+            .facts
+            .with_prefix("observed/node/")
+            .into_iter()
+            .filter(|(k, _)| k.ends_with("/heartbeat"))
+            .filter_map(|(_, f)| f.value.parse::<i64>().ok());
+        LeaderClock { base: clock_start(held, beats), since: Instant::now(), written: None }
     }
 
     fn now(&self) -> i64 {
         self.base.saturating_add(self.since.elapsed().as_secs() as i64)
     }
+}
+
+/// Where a new leader's clock starts: the clock etcd holds; with none (a
+/// first leader: 0; or `status/clock` deleted by hand) the lower median of
+/// the nodes' last beats. Restarting at 0 under live beats would put every
+/// beat in the future and make every node stale at once; the median, not
+/// the highest, so that a minority of agents beating absurd values cannot
+/// push the clock past everyone else's beats.
+fn clock_start(held: Option<i64>, beats: impl Iterator<Item = i64>) -> i64 {
+    if let Some(held) = held {
+        return held;
+    }
+    let mut beats: Vec<i64> = beats.filter(|b| *b >= 0).collect();
+    if beats.is_empty() {
+        return 0;
+    }
+    beats.sort_unstable();
+    beats[(beats.len() - 1) / 2]
 }
 
 /// Whether the rules read the cluster clock.
@@ -1150,6 +1176,20 @@ fn console_recount(shared: &Shared, r: &Reconciler, clock: &mut ConsoleClock) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_deleted_clock_restarts_at_the_beats_median_not_at_zero_nor_at_a_liars_beat() {
+        use super::clock_start;
+        // A held clock is kept; a first leader starts at 0.
+        assert_eq!(clock_start(Some(42), [7, 9000].into_iter()), 42);
+        assert_eq!(clock_start(None, std::iter::empty()), 0);
+        // Deleted under live beats: near them, so none looks in the future.
+        assert_eq!(clock_start(None, [1000, 1001, 1002].into_iter()), 1001);
+        // One hostile agent (absurd or negative beats) moves it nowhere.
+        assert_eq!(clock_start(None, [1000, 1001, 1002, i64::MAX].into_iter()), 1001);
+        assert_eq!(clock_start(None, [-5, 1000, 1001, 1002].into_iter()), 1001);
+        assert_eq!(clock_start(None, [-5, -9].into_iter()), 0);
+    }
+
     use super::*;
 
     #[test]
