@@ -55,9 +55,19 @@ pub(crate) enum Command {
         /// This controller's name in `status/leader` (default: host and pid).
         #[arg(long)]
         id: Option<String>,
-        /// Engine worker threads (default: one per core).
+        /// Engine worker threads (default: one per core; per process with
+        /// --hosts, the same in every process).
         #[arg(long, default_value_t = ccattler_engine::default_workers())]
         workers: usize,
+        /// Run the engine as a timely cluster of processes (one failure
+        /// domain): FILE lists every process's host:port, one a line; the
+        /// same file, rules and --workers in every process.
+        #[arg(long, requires = "process")]
+        hosts: Option<PathBuf>,
+        /// This process's index in --hosts: 0 reads etcd, leads or stands by
+        /// and writes back; the others only evaluate (no etcd, no listener).
+        #[arg(long, requires = "hosts")]
+        process: Option<usize>,
         /// Operations per transaction (etcd's --max-txn-ops).
         #[arg(long, default_value_t = 128)]
         max_txn_ops: usize,
@@ -500,6 +510,8 @@ pub fn main() -> ExitCode {
             ui_credentials,
             id,
             workers,
+            hosts,
+            process,
             max_txn_ops,
             max_txn_bytes,
             leader_ttl,
@@ -509,41 +521,54 @@ pub fn main() -> ExitCode {
         } => {
             init_logging(log_format);
             exit_on_panic();
-            let id = id.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
-            let etcd = match etcd.config() {
-                Ok(c) => c,
-                Err(e) => return usage_error(e),
-            };
-            // The console shows what the controller's etcd user reads: with
-            // etcd's auth on, it needs a credential of its own.
-            let ui = match (ui, ui_credentials) {
-                (false, _) => None,
-                (true, None) if etcd.user.is_some() => {
-                    return usage_error(anyhow::anyhow!(
-                        "--ui with etcd's auth on needs --ui-credentials FILE (NAME:PASSWORD lines, mode 0600): the console's own credential"
-                    ))
-                }
-                (true, None) => Some(Vec::new()),
-                (true, Some(file)) => match ccattler_store::credentials::read_all(&file) {
-                    Ok(users) if !users.is_empty() => Some(users.into_iter().map(|(u, p)| (u, p.to_string())).collect()),
-                    Ok(_) => return usage_error(anyhow::anyhow!("--ui-credentials {}: no NAME:PASSWORD line", file.display())),
-                    Err(e) => return usage_error(anyhow::anyhow!("--ui-credentials: {e}")),
+            let cluster = match (hosts, process) {
+                (Some(hosts), Some(process)) => match ccattler_engine::Cluster::from_hosts_file(&hosts, process, workers) {
+                    Ok(c) => Some(c),
+                    Err(e) => return usage_error(anyhow::anyhow!("--hosts: {e}")),
                 },
+                _ => None,
             };
-            let cfg = ccattler_bridge::controller::ControllerConfig {
-                etcd,
-                ui,
-                rules,
-                workers,
-                max_txn_ops,
-                max_txn_bytes,
-                leader_ttl,
-                id,
-                listen: Some(listen),
-                secret_key,
-                stall_bound: std::time::Duration::from_secs(stall_bound.max(1)),
-            };
-            controller(cfg)
+            // A group's other processes evaluate only: no etcd, no listener.
+            if let Some(c) = cluster.as_ref().filter(|c| c.process != 0) {
+                controller_serve(&rules, c)
+            } else {
+                let id = id.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+                let etcd = match etcd.config() {
+                    Ok(c) => c,
+                    Err(e) => return usage_error(e),
+                };
+                // The console shows what the controller's etcd user reads: with
+                // etcd's auth on, it needs a credential of its own.
+                let ui = match (ui, ui_credentials) {
+                    (false, _) => None,
+                    (true, None) if etcd.user.is_some() => {
+                        return usage_error(anyhow::anyhow!(
+                            "--ui with etcd's auth on needs --ui-credentials FILE (NAME:PASSWORD lines, mode 0600): the console's own credential"
+                        ))
+                    }
+                    (true, None) => Some(Vec::new()),
+                    (true, Some(file)) => match ccattler_store::credentials::read_all(&file) {
+                        Ok(users) if !users.is_empty() => Some(users.into_iter().map(|(u, p)| (u, p.to_string())).collect()),
+                        Ok(_) => return usage_error(anyhow::anyhow!("--ui-credentials {}: no NAME:PASSWORD line", file.display())),
+                        Err(e) => return usage_error(anyhow::anyhow!("--ui-credentials: {e}")),
+                    },
+                };
+                let cfg = ccattler_bridge::controller::ControllerConfig {
+                    etcd,
+                    ui,
+                    rules,
+                    workers,
+                    cluster,
+                    max_txn_ops,
+                    max_txn_bytes,
+                    leader_ttl,
+                    id,
+                    listen: Some(listen),
+                    secret_key,
+                    stall_bound: std::time::Duration::from_secs(stall_bound.max(1)),
+                };
+                controller(cfg)
+            }
         }
         Command::Agent { etcd, node, cpu, memory, address, labels, resources, ttl, state_dir, grace, instance_uids, instance_pids_max, resync, log_format } => {
             init_logging(log_format);

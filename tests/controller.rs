@@ -1160,3 +1160,149 @@ async fn outside_a_checkout_the_cli_uses_the_rules_the_controller_publishes() {
     assert_eq!(keys(&mut etcd, "status/program/").await.len(), shipped);
     assert!(c.stop().success());
 }
+
+/// How many writes `ccattler plan` (one process, the shipped rules) says the
+/// controller would still make: 0 when etcd holds what the rules derive.
+fn pending_writes() -> Option<usize> {
+    let out = ccattler(&["plan", "--etcd", &etcd_url(), "--rules", shipped_rules().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().next()?.split(": ").nth(1)?.split(' ').next()?.parse().ok()
+}
+
+/// A child's exit status within `within`, if it exits.
+fn exit_within(child: &mut std::process::Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_controller_group_leads_as_one_and_a_process_killed_mid_write_back_hands_over_to_the_standby_group() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    put_all(&mut etcd, &cluster(50, 500)).await;
+    // (Small transactions: a write-back long enough to be cut.)
+    let mut a = Group::start_with(&etcd_url(), &credentials(), &secret_key(), "a", &shipped_rules(), 2, &["--max-txn-ops", "32"]);
+    settled(&a.lead, &mut etcd, Duration::from_secs(60)).await;
+    assert_eq!(instance_count(&mut etcd).await, 500);
+    // What the group wrote is what one process derives: nothing left to plan.
+    assert_eq!(pending_writes(), Some(0));
+    let b = Group::start("b", &shipped_rules(), 2);
+    wait_for("the standby group is ready", Duration::from_secs(60), || async { b.lead.metric("revision").is_some_and(|r| r > 0.0) }).await;
+    assert_eq!(b.lead.metric("leader"), Some(0.0));
+
+    // A large write-back, and group a's second process killed in the middle of it.
+    let from = revision(&mut etcd).await;
+    let (_watcher, mut placed) =
+        etcd.watch("effective/instance/", Some(etcd_client::WatchOptions::new().with_prefix().with_start_revision(from + 1))).await.unwrap();
+    etcd.put("intent/user/service/web/instances", "6000", None).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(resp) = placed.message().await.unwrap() {
+            if !resp.events().is_empty() {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the write-back to be under way within 60 s");
+    a.kill_9(1);
+    let killed = Instant::now();
+    // The group is one failure domain: process 0 stops too, at once and non-zero.
+    let status = exit_within(&mut a.lead.child, Duration::from_secs(15)).expect("process 0 of the group to stop with its peer");
+    assert!(!status.success(), "process 0 exited {status} after its peer died");
+    let partial = etcd.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
+    assert!((partial as usize) < 6000, "killed too late to test anything ({partial} placements written)");
+    wait_for("the standby group leads", Duration::from_secs(20), || async { b.lead.metric("leader") == Some(1.0) }).await;
+    eprintln!("the standby group took over {:?} after the kill", killed.elapsed());
+    wait_for("every instance placed", Duration::from_secs(120), || {
+        let mut e = etcd.clone();
+        async move { e.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count() == 6000 }
+    })
+    .await;
+    settled(&b.lead, &mut etcd, Duration::from_secs(60)).await;
+    // 0 moved, 0 placed twice, 0 lost.
+    for kv in etcd.get("placement/instance/", Some(GetOptions::new().with_prefix())).await.unwrap().kvs() {
+        assert_eq!(kv.version(), 1, "{} was overwritten (version {})", kv.key_str().unwrap(), kv.version());
+    }
+    let per_node = etcd.get("placement/node/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
+    assert_eq!(per_node, 6000);
+    assert_eq!(pending_writes(), Some(0));
+    assert_eq!(status.code(), Some(70), "process 0 stops through the panic hook when its peer dies");
+
+    // New rules need every process: a group refuses SIGHUP and goes on leading.
+    b.lead.signal("-HUP");
+    wait_for("the reload refused", T, || async { b.lead.log().contains("reload refused, the old rules keep running: a controller group") }).await;
+    etcd.put("intent/user/service/web/instances", "6001", None).await.unwrap();
+    settled(&b.lead, &mut etcd, Duration::from_secs(60)).await;
+    assert_eq!(instance_count(&mut etcd).await, 6001);
+
+    // Stopped in order: process 0 resigns, and the group's other process follows it out cleanly.
+    let mut b = b;
+    let status = terminate(&mut b.lead.child, Duration::from_secs(20), &b.lead.log);
+    assert!(status.success(), "process 0 exited {status} on SIGTERM");
+    let status = b.exit_of(1, Duration::from_secs(20)).expect("process 1 to stop with the group");
+    assert!(status.success(), "process 1 exited {status} after process 0 stopped the group");
+    assert_eq!(get(&mut etcd, "status/leader").await, None, "the group resigned");
+}
+
+#[test]
+fn a_controller_group_whose_processes_loaded_other_rules_refuses_to_start_and_names_it() {
+    let (same, more) = (fresh_dir("group-rules"), fresh_dir("group-other-rules"));
+    for e in std::fs::read_dir(shipped_rules()).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "rules")) {
+        std::fs::copy(e.path(), same.join(e.file_name())).unwrap();
+        std::fs::copy(e.path(), more.join(e.file_name())).unwrap();
+    }
+    std::fs::write(more.join("zz-extra.rules"), "// a file more than process 0 has\n").unwrap();
+    let dir = fresh_dir("group-hosts");
+    let addresses = [free_port(), free_port()].map(|p| format!("127.0.0.1:{p}"));
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, addresses.join("\n")).unwrap();
+    let run = |rules: &std::path::Path, process: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ccattler"))
+            .args(["controller", "--rules", rules.to_str().unwrap(), "--hosts", hosts.to_str().unwrap(), "--process", process, "--workers", "1"])
+            .args(["--etcd", "http://127.0.0.1:1", "--listen", &format!("127.0.0.1:{}", free_port())])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let p0 = run(&same, "0");
+    let p1 = run(&more, "1");
+    for (i, p) in [(0, p0), (1, p1)] {
+        let out = p.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "process {i} started with other rules than its peer:\n{err}");
+        assert!(err.contains(&format!("process {} at {}", 1 - i, addresses[1 - i])) && err.contains("loaded other rules"), "process {i}:\n{err}");
+    }
+}
+
+#[test]
+fn a_group_process_0_told_to_stop_while_it_waits_for_its_peers_stops_at_once() {
+    let dir = fresh_dir("group-stop-waiting");
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
+    let log = dir.join("p0.log");
+    let mut p0 = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+        .args(["controller", "--rules", shipped_rules().to_str().unwrap(), "--hosts", hosts.to_str().unwrap(), "--process", "0", "--workers", "1"])
+        .args(["--etcd", "http://127.0.0.1:1", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("waiting for the group's processes to connect") {
+        assert!(Instant::now() < deadline, "{}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let asked = Instant::now();
+    let status = terminate(&mut p0, Duration::from_secs(5), &log);
+    assert!(status.success(), "exited {status}");
+    assert!(asked.elapsed() < Duration::from_secs(5));
+}

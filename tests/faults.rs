@@ -5,6 +5,9 @@
 //!
 //! * `controller_kills`: kill -9 of the leading controller at random points of
 //!   large write-backs (`FAULTS_KILLS`, default 50).
+//! * `group_kills`: the same with two controller groups of two processes
+//!   (`--hosts`), killing either process of the leading group
+//!   (`FAULTS_GROUP_KILLS`, default 20).
 //! * `etcd_member_kills`: each member in turn (the leader, the one listed
 //!   first) killed during write-back, then a full etcd restart.
 //! * `compaction`: a compaction while the controller is behind.
@@ -257,6 +260,72 @@ async fn controller_kills() {
     println!("| derived keys lost (plan after the last kill) | 0 |");
     println!("| takeover time p50 / p99 (leader TTL 2 s) | {} / {} |", secs(pct(&takeovers, 0.5)), secs(pct(&takeovers, 0.99)));
     println!("| keys the controllers wrote | {} |", v.writes);
+    assert!(v.changed_without_cause.is_empty(), "{:?}", v.changed_without_cause);
+    assert!(v.placed_twice.is_empty(), "{:?}", v.placed_twice);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the fault harness: scripts/faults"]
+async fn group_kills() {
+    let _serial = serial();
+    let kills = env_or("FAULTS_GROUP_KILLS", 20);
+    let mut rng = Rng::new();
+    let dir = fresh_dir("faults-group");
+    let cluster = EtcdCluster::start(dir.clone());
+    let mut etcd = cluster.client().await;
+    let urls = cluster.urls();
+    sim_nodes(&mut etcd, 50).await;
+    for s in 0..4 {
+        etcd.put(format!("desired/service/svc-{s}/image"), "builtin:http", None).await.unwrap();
+        etcd.put(format!("desired/service/svc-{s}/cpu"), "100", None).await.unwrap();
+        etcd.put(format!("desired/config/svc-{s}/LOG_LEVEL"), "info", None).await.unwrap();
+    }
+    let from = revision(&mut etcd).await + 1;
+    let failed = Arc::new(Mutex::new(BTreeSet::new()));
+    let rec = Recorder::start(etcd.clone(), from, failed);
+    let start = |id: &str| Group::start_on(&urls, &cluster.credentials(), &cluster.secret_key(), id, &frozen_rules(), 2);
+    let mut gs = vec![start("a"), start("b")];
+    let leading = |gs: &[Group]| gs.iter().position(|g| g.lead.metric("leader") == Some(1.0));
+    wait_for("a leading group", Duration::from_secs(60), || async { leading(&gs).is_some() }).await;
+    let mut takeovers = Vec::new();
+    let mut killed_process = [0usize; 2];
+    for k in 0..kills {
+        let s = k % 4;
+        let n = if (k / 4) % 2 == 0 { 150 } else { 0 };
+        etcd.put(format!("intent/user/service/svc-{s}/instances"), n.to_string(), None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+        let l = leading(&gs).expect("a leading group");
+        // Either process of the group: the one that writes, or one that only evaluates.
+        let p = rng.below(2) as usize;
+        killed_process[p] += 1;
+        if p == 0 {
+            gs[l].lead.signal("-KILL");
+        } else {
+            gs[l].kill_9(1);
+        }
+        let killed = Instant::now();
+        // The rest of the group stops with it (one failure domain).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while gs[l].lead.child.try_wait().unwrap().is_none() || gs[l].exit_of(1, Duration::ZERO).is_none() {
+            assert!(Instant::now() < deadline, "group {l} did not stop within 20 s of losing process {p}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let other = 1 - l;
+        wait_for("the standby group takes over", Duration::from_secs(20), || async { gs[other].lead.metric("leader") == Some(1.0) }).await;
+        takeovers.push(killed.elapsed());
+        gs[l] = start(if l == 0 { "a" } else { "b" });
+        settle(&urls, &cluster.credentials(), Duration::from_secs(60)).await;
+    }
+    settle(&urls, &cluster.credentials(), Duration::from_secs(60)).await;
+    let v = rec.v.lock().unwrap();
+    takeovers.sort();
+    println!("\n| controller group (2 processes) kill -9 during write-back | result |\n|---|---|");
+    println!("| kills (process 0 / process 1) | {kills} ({} / {}) |", killed_process[0], killed_process[1]);
+    println!("| placements changed without cause | {} |", v.changed_without_cause.len());
+    println!("| instances ever placed twice | {} |", v.placed_twice.len());
+    println!("| derived keys lost (plan after the last kill) | 0 |");
+    println!("| takeover time p50 / p99 (leader TTL 2 s) | {} / {} |", secs(pct(&takeovers, 0.5)), secs(pct(&takeovers, 0.99)));
+    println!("| keys the groups wrote | {} |", v.writes);
     assert!(v.changed_without_cause.is_empty(), "{:?}", v.changed_without_cause);
     assert!(v.placed_twice.is_empty(), "{:?}", v.placed_twice);
 }

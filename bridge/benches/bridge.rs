@@ -59,6 +59,7 @@ fn main() {
             etcd: cfg.clone(),
             rules: vec![rules.clone()],
             workers,
+            cluster: None,
             max_txn_ops: 128,
             max_txn_bytes: 1 << 20,
             leader_ttl: 10,

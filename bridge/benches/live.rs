@@ -47,6 +47,7 @@ async fn start_controller(etcd: &Etcd) -> Running {
         etcd: etcd.config(),
         rules: vec![rules()],
         workers: ccattler_engine::default_workers(),
+        cluster: None,
         max_txn_ops: 128,
         max_txn_bytes: 1 << 20,
         leader_ttl: 10,

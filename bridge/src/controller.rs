@@ -29,6 +29,10 @@ pub struct ControllerConfig {
     /// Rule files or directories; the program is their union.
     pub rules: Vec<PathBuf>,
     pub workers: usize,
+    /// This process's place in a controller group (`--hosts`, `--process
+    /// 0`): the engine runs as a timely cluster with the group's other
+    /// processes, started once (the group restarts together, never patched).
+    pub cluster: Option<ccattler_engine::Cluster>,
     /// etcd's `--max-txn-ops`: operations per transaction list.
     pub max_txn_ops: usize,
     /// Bytes of keys and values per transaction (under etcd's `--max-request-bytes`).
@@ -64,6 +68,10 @@ pub enum ControllerError {
     /// snapshot: retrying them cannot help.
     #[error("{0}")]
     Credentials(String),
+    /// A controller group cannot go on without a new engine: its processes
+    /// restart together (their supervisor starts them again).
+    #[error("controller group: {0}")]
+    Group(String),
 }
 
 /// State the HTTP endpoints read.
@@ -455,6 +463,8 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     let mut cluster_counted = Instant::now().checked_sub(CLUSTER_METRICS_EVERY).unwrap_or_else(Instant::now);
     // … and the console's tables.
     let mut console = ConsoleClock::default();
+    // Engines started (a group's starts once: its processes connect once).
+    let mut engines = 0;
     // One op of each list is the fence / derived revision.
     let budget = crate::reconcile::Budget { ops: cfg.max_txn_ops.max(2) - 1, bytes: cfg.max_txn_bytes.max(1) };
 
@@ -466,7 +476,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
         let t = Instant::now();
         let r = match reconciler.as_mut() {
             Some(r) => r,
-            None => reconciler.insert(Reconciler::new(program.clone(), cfg.workers)?),
+            None => match start_engine(&program, &cfg, &mut engines, &mut stop).await? {
+                Some(engine) => reconciler.insert(Reconciler::on(program.clone(), engine)),
+                None => return Ok(()), // told to stop while a group connected
+            },
         };
         let fresh = r.is_fresh();
         let loaded = match etcd::connect(&cfg.etcd).await {
@@ -489,8 +502,9 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     warn!(reason = %why, "etcd unreachable or the snapshot failed; retrying in {backoff:?}");
                 }
                 shared.health.no_progress(why);
-                if fresh {
-                    reconciler = None; // it may hold part of the snapshot
+                // It may hold part of the snapshot: a new engine, then.
+                if fresh && reconciler.as_ref().is_some_and(Reconciler::holds_part_of_a_snapshot) {
+                    reconciler = None;
                 }
                 if sleep_or_stop(backoff, &mut stop).await {
                     return Ok(());
@@ -802,6 +816,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 }
                 _ = stop.changed() => return resign(&mut client, leader).await,
                 _ = hup.recv() => match load_rules(&cfg.rules) {
+                    // New rules need a new dataflow on every process.
+                    Ok(_) if cfg.cluster.is_some() => error!(
+                        "reload refused, the old rules keep running: a controller group (--hosts) takes new rules by restarting all its processes together (each with the new files)"
+                    ),
                     Ok(p) => {
                         info!("rules reloaded");
                         program = p;
@@ -919,6 +937,41 @@ async fn load_snapshot(mut client: Client, program: &Program, r: &mut Reconciler
     info!(keys, seconds = t.elapsed().as_secs_f64(), "snapshot read and staged");
     tokio::task::block_in_place(|| r.finish_load(rev as u64))?;
     Ok((client, rev, keys))
+}
+
+/// The controller's engine: on this process's workers, or, in a group, as
+/// process 0 of the group's timely cluster (waits for the others to connect).
+/// A group's engine starts once: its other processes serve one engine for
+/// their lifetime.
+/// `None` if told to stop while waiting (the connecting thread is left
+/// behind: the runtime is shut down without waiting for it).
+async fn start_engine(
+    program: &Arc<Program>,
+    cfg: &ControllerConfig,
+    started: &mut usize,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> Result<Option<ccattler_engine::Engine>, ControllerError> {
+    *started += 1;
+    let Some(cluster) = &cfg.cluster else { return Ok(Some(ccattler_engine::Engine::start(program.clone(), cfg.workers)?)) };
+    if *started > 1 {
+        return Err(ControllerError::Group(
+            "the snapshot read failed part way and a group's engine cannot be started again in place; exiting so that the group restarts together".into(),
+        ));
+    }
+    info!(processes = cluster.addresses.len(), workers = cluster.workers, "waiting for the group's processes to connect");
+    let (program, cluster) = (program.clone(), cluster.clone());
+    let mut connecting = tokio::task::spawn_blocking(move || ccattler_engine::Engine::start_cluster(program, &cluster));
+    tokio::select! {
+        started = &mut connecting => {
+            let engine = started.map_err(|e| ControllerError::Group(format!("starting the engine panicked: {e}")))??;
+            info!("the group's processes are connected");
+            Ok(Some(engine))
+        }
+        _ = stop.changed() => {
+            info!("stopping before the group's processes connected");
+            Ok(None)
+        }
+    }
 }
 
 /// Why the loop leaves a connection: for good, or to connect again.

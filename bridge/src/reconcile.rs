@@ -104,12 +104,19 @@ pub struct Reconciler {
     /// a snapshot no newer than the state gets the next time (engine times
     /// must increase).
     time: u64,
+    /// Pages of a first snapshot were staged and not yet closed.
+    loading: bool,
 }
 
 impl Reconciler {
     pub fn new(program: Arc<Program>, workers: usize) -> Result<Reconciler, EngineError> {
-        Ok(Reconciler {
-            engine: Engine::start(program.clone(), workers)?,
+        Ok(Reconciler::on(program.clone(), Engine::start(program, workers)?))
+    }
+
+    /// Over an engine already started on `program` (a group's, say).
+    pub fn on(program: Arc<Program>, engine: Engine) -> Reconciler {
+        Reconciler {
+            engine,
             program,
             inputs: InputFacts::default(),
             outputs: OutputFacts::default(),
@@ -119,7 +126,8 @@ impl Reconciler {
             blocked: BTreeMap::new(),
             revision: 0,
             time: 0,
-        })
+            loading: false,
+        }
     }
 
     pub fn program(&self) -> &Arc<Program> {
@@ -194,6 +202,12 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Whether pages of a first snapshot were staged and the snapshot not
+    /// closed (its read failed part way): the engine holds part of it.
+    pub fn holds_part_of_a_snapshot(&self) -> bool {
+        self.loading
+    }
+
     /// Whether nothing has been loaded yet.
     pub fn is_fresh(&self) -> bool {
         self.time == 0 && self.inputs.facts.is_empty() && self.inputs.rejected.is_empty() && self.held.is_empty()
@@ -208,6 +222,7 @@ impl Reconciler {
         debug_assert_eq!(self.time, 0, "only a fresh reconciler loads pages");
         // Everything will be planned: no key needs listing as it is recorded.
         self.all_dirty = true;
+        self.loading = true;
         let events: Vec<Event> = page.into_iter().map(|(key, h)| Event { key, value: Some(h) }).collect();
         let changes = self.record(&events);
         self.engine.stage(rev, changes)
@@ -217,6 +232,7 @@ impl Reconciler {
     /// evaluates it, and every derived, held or rejected key is to be planned.
     pub fn finish_load(&mut self, rev: u64) -> Result<(), EngineError> {
         self.time = rev;
+        self.loading = false;
         self.all_dirty = true; // also when there was no page
         self.evaluate(rev, Vec::new())?;
         self.revision = rev;

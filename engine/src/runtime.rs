@@ -179,7 +179,7 @@ impl Engine {
         };
         let guards = match topology {
             Topology::Process(config) => timely::execute(config, work).map_err(EngineError::Stopped)?,
-            Topology::Cluster(cluster) => cluster.execute(work)?,
+            Topology::Cluster(cluster) => cluster.execute(crate::cluster::fingerprint(&program), work)?,
         };
         Ok(Engine { program, senders, reports, guards: Some(guards), shared, last_rev: 0, staged: None })
     }
@@ -796,7 +796,7 @@ pub fn serve(program: Arc<Program>, cluster: &Cluster) -> Result<(), EngineError
     }
     let shared = Arc::new(Shared::new(cluster.workers, Layout::of(&program, dataflow::Split::One)));
     let workers_shared = shared.clone();
-    let guards = cluster.execute(move |worker| run_worker(worker, &program, &workers_shared, Role::Follow, None))?;
+    let guards = cluster.execute(crate::cluster::fingerprint(&program), move |worker| run_worker(worker, &program, &workers_shared, Role::Follow, None))?;
     let panicked = guards.join().into_iter().find_map(Result::err);
     match panicked {
         Some(why) => Err(EngineError::Stopped(why)),

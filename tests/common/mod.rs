@@ -228,6 +228,86 @@ impl Drop for Controller {
     }
 }
 
+/// A controller group (`--hosts FILE --process I`, one worker each): process
+/// 0 as a [`Controller`] (etcd, leadership, metrics), the others evaluating
+/// only, with no etcd credential and no listener.
+pub struct Group {
+    pub lead: Controller,
+    /// Processes 1…: the child and its log.
+    pub others: Vec<(Child, PathBuf)>,
+    pub hosts: PathBuf,
+}
+
+impl Group {
+    /// On the shared etcd, process 0 as its `controller` user.
+    pub fn start(id: &str, rules: &Path, processes: usize) -> Group {
+        Group::start_on(&etcd_url(), &credentials(), &secret_key(), id, rules, processes)
+    }
+
+    pub fn start_on(url: &str, creds: &Path, key: &Path, id: &str, rules: &Path, processes: usize) -> Group {
+        Group::start_with(url, creds, key, id, rules, processes, &[])
+    }
+
+    /// With extra arguments for process 0.
+    pub fn start_with(url: &str, creds: &Path, key: &Path, id: &str, rules: &Path, processes: usize, args: &[&str]) -> Group {
+        let addresses: Vec<String> = (0..processes).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let hosts = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("group-{id}-{}.hosts", addresses[0].rsplit(':').next().unwrap()));
+        std::fs::write(&hosts, addresses.join("\n") + "\n").unwrap();
+        let others = (1..processes).map(|i| Group::spawn_process(&hosts, id, rules, i)).collect();
+        let mut all = vec!["--hosts", hosts.to_str().unwrap(), "--process", "0", "--workers", "1"];
+        all.extend_from_slice(args);
+        let lead = Controller::start_with(url, creds, key, id, rules, &all, &[]);
+        Group { lead, others, hosts }
+    }
+
+    fn spawn_process(hosts: &Path, id: &str, rules: &Path, i: usize) -> (Child, PathBuf) {
+        let log = hosts.with_extension(format!("{i}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+            .args(["controller", "--rules", rules.to_str().unwrap(), "--hosts", hosts.to_str().unwrap()])
+            .args(["--process", &i.to_string(), "--workers", "1", "--id", id])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start a group process");
+        (child, log)
+    }
+
+    /// kill -9 of process `i` (≥ 1).
+    pub fn kill_9(&mut self, i: usize) {
+        let (child, _) = &mut self.others[i - 1];
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Process `i`'s (≥ 1) exit status, waiting at most `within`.
+    pub fn exit_of(&mut self, i: usize, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        let (child, _) = &mut self.others[i - 1];
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Process 0 first: the others' death would stop it with a panic in its log.
+        let _ = self.lead.child.kill();
+        let _ = self.lead.child.wait();
+        for (child, log) in &mut self.others {
+            let _ = child.kill();
+            let _ = child.wait();
+            dump_if_failing("group process", log);
+        }
+    }
+}
+
 /// When a test fails, the last lines of a child's log go to its output:
 /// a failure on CI then tells what the process saw.
 pub fn dump_if_failing(what: &str, log: &Path) {
