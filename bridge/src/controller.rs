@@ -942,8 +942,7 @@ async fn load_snapshot(mut client: Client, program: &Program, r: &mut Reconciler
 /// The controller's engine: on this process's workers, or, in a group, as
 /// process 0 of the group's timely cluster (waits for the others to connect).
 /// A group's engine starts once: its other processes serve one engine for
-/// their lifetime.
-/// `None` if told to stop while waiting (the connecting thread is left
+/// their lifetime. `None` if told to stop while waiting (the connecting thread is left
 /// behind: the runtime is shut down without waiting for it).
 async fn start_engine(
     program: &Arc<Program>,
