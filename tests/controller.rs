@@ -252,6 +252,20 @@ fn cluster(nodes: usize, instances: usize) -> Vec<(String, String)> {
     f
 }
 
+/// Waits (up to 60 s) for a watch to show its first event: the write-back
+/// it watches is under way.
+async fn under_way(stream: &mut etcd_client::WatchStream) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(resp) = stream.message().await.unwrap() {
+            if !resp.events().is_empty() {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the write-back to be under way within 60 s");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_during_a_large_write_back_then_restart_converges_and_never_overwrites_a_placement() {
     let _serial = serial();
@@ -262,15 +276,7 @@ async fn kill_9_during_a_large_write_back_then_restart_converges_and_never_overw
     // polling every 50 ms was too slow once the write-back got faster).
     let (_watcher, mut placed) = etcd.watch("placement/instance/", Some(etcd_client::WatchOptions::new().with_prefix())).await.unwrap();
     let mut c = Controller::start("a", &shipped_rules());
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(resp) = placed.message().await.unwrap() {
-            if !resp.events().is_empty() {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("the write-back to be under way within 60 s");
+    under_way(&mut placed).await;
     c.signal("-KILL");
     let _ = c.child.wait();
     let partial = etcd.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
@@ -1169,20 +1175,6 @@ fn pending_writes() -> Option<usize> {
     text.lines().next()?.split(": ").nth(1)?.split(' ').next()?.parse().ok()
 }
 
-/// A child's exit status within `within`, if it exits.
-fn exit_within(child: &mut std::process::Child, within: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_controller_group_leads_as_one_and_a_process_killed_mid_write_back_hands_over_to_the_standby_group() {
     let _serial = serial();
@@ -1203,15 +1195,7 @@ async fn a_controller_group_leads_as_one_and_a_process_killed_mid_write_back_han
     let (_watcher, mut placed) =
         etcd.watch("effective/instance/", Some(etcd_client::WatchOptions::new().with_prefix().with_start_revision(from + 1))).await.unwrap();
     etcd.put("intent/user/service/web/instances", "6000", None).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(resp) = placed.message().await.unwrap() {
-            if !resp.events().is_empty() {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("the write-back to be under way within 60 s");
+    under_way(&mut placed).await;
     a.kill_9(1);
     let killed = Instant::now();
     // The group is one failure domain: process 0 stops too, at once and non-zero.
@@ -1305,4 +1289,24 @@ fn a_group_process_0_told_to_stop_while_it_waits_for_its_peers_stops_at_once() {
     let status = terminate(&mut p0, Duration::from_secs(5), &log);
     assert!(status.success(), "exited {status}");
     assert!(asked.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_group_process_index_outside_the_hosts_file_or_a_bad_line_is_a_usage_error_naming_the_file() {
+    let dir = fresh_dir("group-bad-hosts");
+    let hosts = dir.join("hosts");
+    for (text, process, says) in [
+        ("127.0.0.1:7001\n127.0.0.1:7002\n", "2", "process 2 is not below the 2 processes listed"),
+        ("127.0.0.1:7001\n127.0.0.1/7002\n", "1", "line 2: \"127.0.0.1/7002\" is not host:port"),
+        ("127.0.0.1:7001\n127.0.0.1:7001\n", "1", "127.0.0.1:7001 is listed twice"),
+    ] {
+        std::fs::write(&hosts, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_ccattler"))
+            .args(["controller", "--rules", shipped_rules().to_str().unwrap(), "--hosts", hosts.to_str().unwrap(), "--process", process])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text:?}: {err}");
+        assert!(err.contains(&hosts.display().to_string()) && err.contains(says), "{text:?}: {err}");
+    }
 }

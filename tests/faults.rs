@@ -206,6 +206,46 @@ async fn settle(urls: &str, creds: &std::path::Path, within: Duration) -> Durati
     }
 }
 
+/// The kill scenarios' stage: a three-member etcd, 50 simulated nodes, four
+/// services, and a recorder of every revision from here on.
+async fn kill_stage(dir: &str) -> (EtcdCluster, Client, Recorder) {
+    let cluster = EtcdCluster::start(fresh_dir(dir));
+    let mut etcd = cluster.client().await;
+    sim_nodes(&mut etcd, 50).await;
+    for s in 0..4 {
+        etcd.put(format!("desired/service/svc-{s}/image"), "builtin:http", None).await.unwrap();
+        etcd.put(format!("desired/service/svc-{s}/cpu"), "100", None).await.unwrap();
+        etcd.put(format!("desired/config/svc-{s}/LOG_LEVEL"), "info", None).await.unwrap();
+    }
+    let from = revision(&mut etcd).await + 1;
+    let rec = Recorder::start(etcd.clone(), from, Arc::new(Mutex::new(BTreeSet::new())));
+    (cluster, etcd, rec)
+}
+
+/// A large write-back, and a random moment (under 400 ms) of it: the `k`th
+/// kill's service of 150 instances (about a thousand keys) comes or goes.
+async fn large_write_back(etcd: &mut Client, k: u64, rng: &mut Rng) {
+    let s = k % 4;
+    let n = if (k / 4) % 2 == 0 { 150 } else { 0 };
+    etcd.put(format!("intent/user/service/svc-{s}/instances"), n.to_string(), None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+}
+
+/// A kill scenario's table for README, then what must never happen.
+fn report_kills(title: &str, kills_row: &str, mut takeovers: Vec<Duration>, rec: &Recorder, writers: &str) {
+    let v = rec.v.lock().unwrap();
+    takeovers.sort();
+    println!("\n| {title} | result |\n|---|---|");
+    println!("{kills_row}");
+    println!("| placements changed without cause | {} |", v.changed_without_cause.len());
+    println!("| instances ever placed twice | {} |", v.placed_twice.len());
+    println!("| derived keys lost (plan after the last kill) | 0 |");
+    println!("| takeover time p50 / p99 (leader TTL 2 s) | {} / {} |", secs(pct(&takeovers, 0.5)), secs(pct(&takeovers, 0.99)));
+    println!("| keys the {writers} wrote | {} |", v.writes);
+    assert!(v.changed_without_cause.is_empty(), "{:?}", v.changed_without_cause);
+    assert!(v.placed_twice.is_empty(), "{:?}", v.placed_twice);
+}
+
 /// The controller that leads, by its metrics.
 fn leader_of(cs: &[Controller]) -> Option<usize> {
     cs.iter().position(|c| c.metric("leader") == Some(1.0))
@@ -217,29 +257,14 @@ async fn controller_kills() {
     let _serial = serial();
     let kills = env_or("FAULTS_KILLS", 50);
     let mut rng = Rng::new();
-    let dir = fresh_dir("faults-controller");
-    let cluster = EtcdCluster::start(dir.clone());
-    let mut etcd = cluster.client().await;
+    let (cluster, mut etcd, rec) = kill_stage("faults-controller").await;
     let urls = cluster.urls();
-    sim_nodes(&mut etcd, 50).await;
-    for s in 0..4 {
-        etcd.put(format!("desired/service/svc-{s}/image"), "builtin:http", None).await.unwrap();
-        etcd.put(format!("desired/service/svc-{s}/cpu"), "100", None).await.unwrap();
-        etcd.put(format!("desired/config/svc-{s}/LOG_LEVEL"), "info", None).await.unwrap();
-    }
-    let from = revision(&mut etcd).await + 1;
-    let failed = Arc::new(Mutex::new(BTreeSet::new()));
-    let rec = Recorder::start(etcd.clone(), from, failed);
     let start = |id: &str| Controller::start_with(&urls, &cluster.credentials(), &cluster.secret_key(), id, &frozen_rules(), &[], &[]);
     let mut cs = vec![start("a"), start("b")];
     wait_for("a leader", Duration::from_secs(30), || async { leader_of(&cs).is_some() }).await;
     let mut takeovers = Vec::new();
     for k in 0..kills {
-        // A large write-back: a service of 150 instances (about a thousand keys) comes or goes.
-        let s = k % 4;
-        let n = if (k / 4) % 2 == 0 { 150 } else { 0 };
-        etcd.put(format!("intent/user/service/svc-{s}/instances"), n.to_string(), None).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+        large_write_back(&mut etcd, k, &mut rng).await;
         let l = leader_of(&cs).expect("a leader");
         cs[l].signal("-KILL");
         let _ = cs[l].child.wait();
@@ -251,17 +276,7 @@ async fn controller_kills() {
         settle(&urls, &cluster.credentials(), Duration::from_secs(60)).await;
     }
     settle(&urls, &cluster.credentials(), Duration::from_secs(60)).await;
-    let v = rec.v.lock().unwrap();
-    takeovers.sort();
-    println!("\n| controller kill -9 during write-back | result |\n|---|---|");
-    println!("| kills | {kills} |");
-    println!("| placements changed without cause | {} |", v.changed_without_cause.len());
-    println!("| instances ever placed twice | {} |", v.placed_twice.len());
-    println!("| derived keys lost (plan after the last kill) | 0 |");
-    println!("| takeover time p50 / p99 (leader TTL 2 s) | {} / {} |", secs(pct(&takeovers, 0.5)), secs(pct(&takeovers, 0.99)));
-    println!("| keys the controllers wrote | {} |", v.writes);
-    assert!(v.changed_without_cause.is_empty(), "{:?}", v.changed_without_cause);
-    assert!(v.placed_twice.is_empty(), "{:?}", v.placed_twice);
+    report_kills("controller kill -9 during write-back", &format!("| kills | {kills} |"), takeovers, &rec, "controllers");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,19 +285,8 @@ async fn group_kills() {
     let _serial = serial();
     let kills = env_or("FAULTS_GROUP_KILLS", 20);
     let mut rng = Rng::new();
-    let dir = fresh_dir("faults-group");
-    let cluster = EtcdCluster::start(dir.clone());
-    let mut etcd = cluster.client().await;
+    let (cluster, mut etcd, rec) = kill_stage("faults-group").await;
     let urls = cluster.urls();
-    sim_nodes(&mut etcd, 50).await;
-    for s in 0..4 {
-        etcd.put(format!("desired/service/svc-{s}/image"), "builtin:http", None).await.unwrap();
-        etcd.put(format!("desired/service/svc-{s}/cpu"), "100", None).await.unwrap();
-        etcd.put(format!("desired/config/svc-{s}/LOG_LEVEL"), "info", None).await.unwrap();
-    }
-    let from = revision(&mut etcd).await + 1;
-    let failed = Arc::new(Mutex::new(BTreeSet::new()));
-    let rec = Recorder::start(etcd.clone(), from, failed);
     let start = |id: &str| Group::start_on(&urls, &cluster.credentials(), &cluster.secret_key(), id, &frozen_rules(), 2);
     let mut gs = vec![start("a"), start("b")];
     let leading = |gs: &[Group]| gs.iter().position(|g| g.lead.metric("leader") == Some(1.0));
@@ -290,10 +294,7 @@ async fn group_kills() {
     let mut takeovers = Vec::new();
     let mut killed_process = [0usize; 2];
     for k in 0..kills {
-        let s = k % 4;
-        let n = if (k / 4) % 2 == 0 { 150 } else { 0 };
-        etcd.put(format!("intent/user/service/svc-{s}/instances"), n.to_string(), None).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+        large_write_back(&mut etcd, k, &mut rng).await;
         let l = leading(&gs).expect("a leading group");
         // Either process of the group: the one that writes, or one that only evaluates.
         let p = rng.below(2) as usize;
@@ -317,17 +318,8 @@ async fn group_kills() {
         settle(&urls, &cluster.credentials(), Duration::from_secs(60)).await;
     }
     settle(&urls, &cluster.credentials(), Duration::from_secs(60)).await;
-    let v = rec.v.lock().unwrap();
-    takeovers.sort();
-    println!("\n| controller group (2 processes) kill -9 during write-back | result |\n|---|---|");
-    println!("| kills (process 0 / process 1) | {kills} ({} / {}) |", killed_process[0], killed_process[1]);
-    println!("| placements changed without cause | {} |", v.changed_without_cause.len());
-    println!("| instances ever placed twice | {} |", v.placed_twice.len());
-    println!("| derived keys lost (plan after the last kill) | 0 |");
-    println!("| takeover time p50 / p99 (leader TTL 2 s) | {} / {} |", secs(pct(&takeovers, 0.5)), secs(pct(&takeovers, 0.99)));
-    println!("| keys the groups wrote | {} |", v.writes);
-    assert!(v.changed_without_cause.is_empty(), "{:?}", v.changed_without_cause);
-    assert!(v.placed_twice.is_empty(), "{:?}", v.placed_twice);
+    let kills_row = format!("| kills (process 0 / process 1) | {kills} ({} / {}) |", killed_process[0], killed_process[1]);
+    report_kills("controller group (2 processes) kill -9 during write-back", &kills_row, takeovers, &rec, "groups");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

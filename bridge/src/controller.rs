@@ -481,7 +481,6 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 None => return Ok(()), // told to stop while a group connected
             },
         };
-        let fresh = r.is_fresh();
         let loaded = match etcd::connect(&cfg.etcd).await {
             Ok(client) => load_snapshot(client, &program, r, &mut book).await,
             Err(e) => Err(Fault::Retry(e)),
@@ -503,7 +502,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 }
                 shared.health.no_progress(why);
                 // It may hold part of the snapshot: a new engine, then.
-                if fresh && reconciler.as_ref().is_some_and(Reconciler::holds_part_of_a_snapshot) {
+                if reconciler.as_ref().is_some_and(Reconciler::holds_part_of_a_snapshot) {
                     reconciler = None;
                 }
                 if sleep_or_stop(backoff, &mut stop).await {

@@ -273,22 +273,22 @@ mod tests {
         assert_eq!((a, b), (Ok(()), Ok(())));
     }
 
+    /// Both processes fail, each naming the other and saying why.
+    fn refused_both_ways(first: (usize, u64), second: (usize, u64), first_says: &str, second_says: &str) {
+        let (a, b) = connect_pair(first, second);
+        let (a, b) = (a.unwrap_err(), b.unwrap_err());
+        assert!(a.contains("process 1 at") && a.contains(first_says), "{a}");
+        assert!(b.contains("process 0 at") && b.contains(second_says), "{b}");
+    }
+
     #[test]
     fn processes_that_loaded_other_rules_refuse_each_other_by_name() {
-        let (a, b) = connect_pair((1, 7), (1, 8));
-        let a = a.unwrap_err();
-        let b = b.unwrap_err();
-        assert!(a.contains("process 1 at") && a.contains("loaded other rules"), "{a}");
-        assert!(b.contains("process 0 at") && b.contains("loaded other rules"), "{b}");
+        refused_both_ways((1, 7), (1, 8), "loaded other rules", "loaded other rules");
     }
 
     #[test]
     fn processes_with_other_workers_refuse_each_other_by_name() {
-        let (a, b) = connect_pair((2, 7), (1, 7));
-        let a = a.unwrap_err();
-        let b = b.unwrap_err();
-        assert!(a.contains("process 1 at") && a.contains("runs 1 worker(s), this one 2"), "{a}");
-        assert!(b.contains("process 0 at") && b.contains("runs 2 worker(s), this one 1"), "{b}");
+        refused_both_ways((2, 7), (1, 7), "runs 1 worker(s), this one 2", "runs 2 worker(s), this one 1");
     }
 
     #[test]

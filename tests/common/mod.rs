@@ -281,17 +281,21 @@ impl Group {
 
     /// Process `i`'s (≥ 1) exit status, waiting at most `within`.
     pub fn exit_of(&mut self, i: usize, within: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + within;
-        let (child, _) = &mut self.others[i - 1];
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        exit_within(&mut self.others[i - 1].0, within)
+    }
+}
+
+/// A child's exit status, if it exits within `within`.
+pub fn exit_within(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
         }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
