@@ -64,9 +64,60 @@ fn report(name: &str, lat: &mut Latency) -> Duration {
     pct(&lat.first, 0.5)
 }
 
-/// The allocator the `ccattler` binary uses, so the numbers are its numbers.
+/// The allocator the `ccattler` binary uses, so the numbers are its numbers,
+/// counting the bytes allocated and not yet freed: the live heap, which RSS
+/// overstates by what the allocator keeps after a load's transient peak.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: Counting = Counting;
+
+struct Counting;
+
+/// The count, in a slot per thread (up to 16; cache-line apart), so that
+/// threads allocating at once do not contend for one counter.
+#[repr(align(128))]
+struct Slot(std::sync::atomic::AtomicIsize);
+static LIVE: [Slot; 16] = [const { Slot(std::sync::atomic::AtomicIsize::new(0)) }; 16];
+static NEXT_SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+thread_local! {
+    static MY_SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+fn count(bytes: isize) {
+    let slot = MY_SLOT
+        .try_with(|s| {
+            if s.get() == usize::MAX {
+                s.set(NEXT_SLOT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % LIVE.len());
+            }
+            s.get()
+        })
+        .unwrap_or(0);
+    LIVE[slot].0.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+// SAFETY: every call is mimalloc's; the counter only adds and subtracts.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        count(-(layout.size() as isize));
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        count(new_size as isize - layout.size() as isize);
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Bytes allocated and not yet freed.
+fn live_bytes() -> isize {
+    LIVE.iter().map(|s| s.0.load(std::sync::atomic::Ordering::Relaxed)).sum()
+}
 
 fn main() {
     ccattler_engine::disable_huge_pages();
@@ -109,6 +160,7 @@ fn main() {
     drop(facts);
     println!("cluster: {p:?}, {} input facts (generated in {:.2} s), {workers} worker(s)", writes.len(), gen_time.as_secs_f64());
     let rss_before = rss_kib("VmRSS:");
+    let live_before = live_bytes();
 
     // Cold start: every fact in one revision, then write-back to a fixed point.
     let t = Instant::now();
@@ -128,6 +180,7 @@ fn main() {
     assert!(session.rejected().is_empty(), "rejected: {:?}", session.rejected().iter().next());
     assert_eq!(session.conflicts().count(), 0);
     let rss_loaded = rss_kib("VmRSS:");
+    let live_loaded = live_bytes();
 
     // Per-change latency, each change undone right after so the cluster stays put.
     let svc = |i: usize| synth::service_name(i % p.services);
@@ -209,12 +262,13 @@ fn main() {
     );
     let peak = rss_kib("VmHWM:");
     println!(
-        "memory: RSS {} MiB loaded ({} MiB before load); peak {} MiB over two engines; {:.0} bytes/fact held ({} facts: inputs + derived)",
+        "memory: RSS {} MiB loaded ({} MiB before load); peak {} MiB over two engines; {:.0} bytes/fact held ({} facts: inputs + derived); live heap {:.0} bytes/fact",
         rss_loaded / 1024,
         rss_before / 1024,
         peak / 1024,
         (rss_loaded - rss_before) as f64 * 1024.0 / held as f64,
-        held
+        held,
+        (live_loaded - live_before) as f64 / held as f64
     );
 }
 
@@ -544,19 +598,22 @@ fn versus_peer(p: Params, program: Arc<ccattler_parser::Program>, changes: usize
         let writes: Vec<Write> = facts.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
         println!("cluster: {p:?}, {} input facts; engine with {workers} worker(s), the peer with 1", writes.len());
 
-        let rss = rss_kib("VmRSS:");
+        let (rss, live) = (rss_kib("VmRSS:"), live_bytes());
         let t = Instant::now();
         let mut peer = peer::Peer::new(worker);
         peer.write(worker, &writes);
         let peer_cold = t.elapsed();
         let peer_kib = rss_kib("VmRSS:") - rss;
+        let peer_live = live_bytes() - live;
 
-        let rss = rss_kib("VmRSS:");
+        let (rss, live) = (rss_kib("VmRSS:"), live_bytes());
         let t = Instant::now();
         let mut session = Session::new(program.clone(), workers).expect("engine");
+        let engine_built = live_bytes() - live;
         session.write(&writes).expect("cold load");
         let engine_cold = t.elapsed();
         let engine_kib = rss_kib("VmRSS:") - rss;
+        let engine_live = live_bytes() - live;
         // (Dropped only now: memory freed before a load would be reused by
         // it and hide part of its growth.)
         drop(facts);
@@ -579,6 +636,14 @@ fn versus_peer(p: Params, program: Arc<ccattler_parser::Program>, changes: usize
             engine_kib / 1024,
             peer_kib / 1024,
             engine_bpf / peer_bpf
+        );
+        let (engine_live_bpf, peer_live_bpf) = (engine_live as f64 / engine_held as f64, peer_live as f64 / peer_held as f64);
+        println!(
+            "live heap: engine {} MiB ({} MiB of it before any fact; {engine_live_bpf:.0} bytes/fact); peer {} MiB ({peer_live_bpf:.0} bytes/fact); {:.1}x",
+            engine_live >> 20,
+            engine_built >> 20,
+            peer_live >> 20,
+            engine_live_bpf / peer_live_bpf
         );
 
         let mut rows: Vec<(&str, Vec<Duration>, Vec<Duration>)> = Vec::new();

@@ -17,7 +17,9 @@ use timely::progress::Timestamp;
 pub type Coll<'s, T> = VecCollection<'s, T, Row, isize>;
 /// A relation's current tuples, readable by point-in-time queries.
 pub type QueryTrace = TraceAgent<KeySpine<Row, u64, isize>>;
-type Arr<'s, T> = Arranged<'s, TraceAgent<ValSpine<Row, Row, T, isize>>>;
+pub type Arr<'s, T> = Arranged<'s, TraceAgent<ValSpine<Row, Row, T, isize>>>;
+/// A set of rows, arranged (what `distinct` makes).
+pub type SetArr<'s, T> = Arranged<'s, TraceAgent<KeySpine<Row, T, isize>>>;
 
 /// Collections and shared arrangements of one scope. Ordered maps only: every
 /// worker must build the same operators in the same order.
@@ -29,6 +31,10 @@ struct Scope<'s, T: Timestamp + Lattice> {
     /// the same relation, with the same filter, on the same positions: each
     /// fact as (its values at the key's positions, its other values).
     arranged: BTreeMap<(RelId, AtomFilter, Vec<usize>), Arr<'s, T>>,
+    /// What anti-joins look up ([`Scope::present`]), shared like `arranged`.
+    present: BTreeMap<(RelId, AtomFilter, Vec<usize>), SetArr<'s, T>>,
+    /// Relation names, for naming operators.
+    names: Rc<[String]>,
 }
 
 impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
@@ -41,17 +47,21 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         if let Some(a) = self.arranged.get(&k) {
             return a.clone();
         }
-        let f = filter.clone();
-        let arr = self
-            .relation(rel)
-            .filter(move |row| f.accepts(row))
-            .map(move |row| {
-                let key = key_pos.iter().map(|p| row[*p].clone()).collect::<Row>();
-                let rest = row.iter().enumerate().filter(|(p, _)| !key_pos.contains(p)).map(|(_, v)| v.clone()).collect::<Row>();
-                (key, rest)
-            })
-            .arrange_by_key();
+        let arr = arrange_join(self.relation(rel), filter, key_pos, &self.names[rel]);
         self.arranged.insert(k, arr.clone());
+        arr
+    }
+
+    /// The distinct values of `rel`'s facts at `positions` (those `filter`
+    /// accepts), arranged: what an anti-join looks up. Shared by every rule
+    /// of the scope that anti-joins the same atom.
+    fn present(&mut self, rel: RelId, filter: &AtomFilter, positions: Vec<usize>) -> SetArr<'s, T> {
+        let k = (rel, filter.clone(), positions.clone());
+        if let Some(a) = self.present.get(&k) {
+            return a.clone();
+        }
+        let arr = arrange_present(self.relation(rel), filter, positions, &self.names[rel]);
+        self.present.insert(k, arr.clone());
         arr
     }
 
@@ -99,7 +109,8 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     debug_assert!(bind.iter().all(|(pos, _)| !key_pos.contains(pos)));
                     let bind: Vec<(usize, usize)> = bind.iter().map(|(pos, var)| (pos - key_pos.iter().filter(|k| *k < pos).count(), *var)).collect();
                     let s = split.clone();
-                    b.map(move |row| s.split(row)).join_core(arr, move |k, rest: &Row, fact_rest: &Row| {
+                    let left = format!("Bindings of rule {} into {}", plan.rule, self.names[*rel]);
+                    b.map(move |row| s.split(row)).arrange_by_key_named(&left).join_core(arr, move |k, rest: &Row, fact_rest: &Row| {
                         let mut out = split.join(nvars, k, rest);
                         for (at, var) in &bind {
                             out[*var] = fact_rest[*at].clone();
@@ -109,16 +120,16 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                 }
                 (Some(Step::AntiJoin { rel, filter, key }), b) => {
                     let b = b.unwrap_or_else(|| self.unit.clone().map(move |_| Row::new()));
-                    let f = filter.clone();
                     let positions: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
-                    let present = self
-                        .relation(*rel)
-                        .filter(move |row| f.accepts(row))
-                        .map(move |row| positions.iter().map(|p| row[*p].clone()).collect::<Row>())
-                        .distinct();
+                    let present = self.present(*rel, filter, positions);
                     let split = KeyCut::new(&arriving, key);
                     let s = split.clone();
-                    b.map(move |row| s.split(row)).antijoin(present).flat_map(move |(k, rest)| finish.run(split.join(nvars, &k, &rest)))
+                    // b ▷ present = b − (b ⋈ present), joined against the
+                    // arrangement `distinct` already built.
+                    let left = b.map(move |row| s.split(row));
+                    let name = format!("Bindings of rule {} against {}", plan.rule, self.names[*rel]);
+                    let matched = left.clone().arrange_by_key_named(&name).join_core(present, |k, v, _| Some((k.clone(), v.clone())));
+                    left.concat(matched.negate()).flat_map(move |(k, rest)| finish.run(split.join(nvars, &k, &rest)))
                 }
                 // No atom yet: start from the one empty row.
                 (None, None) => self.unit.clone().flat_map(move |_| finish.run(Row::from_elem(Value::Int(0), nvars))),
@@ -135,9 +146,11 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         }
         // Aggregates range over the distinct bindings of the body.
         let (p1, p2, p3) = (plan.clone(), plan.clone(), plan.clone());
-        b.distinct()
+        let name = format!("Bindings of rule {} (aggregated)", plan.rule);
+        distinct_arranged(b, &name)
+            .as_collection(|row, _| row.clone())
             .flat_map(move |row| p1.group_and_args(&row))
-            .reduce(move |_group, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
+            .reduce_named(&format!("Aggregate of rule {}", plan.rule), move |_group, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
                 if let Some(aggs) = p2.aggregate(input) {
                     out.push((aggs, 1));
                 }
@@ -316,17 +329,23 @@ pub struct Built<'s> {
 
 /// `distinct`, keeping the arrangement it builds as the relation's query trace
 /// (so deduplicated relations need no second arrangement).
-fn distinct_with_trace(rows: Coll<'_, u64>) -> (Coll<'_, u64>, QueryTrace) {
-    let arranged = rows.arrange_by_self().reduce_abelian::<_, KeyBuilder<Row, u64, isize>, KeySpine<Row, u64, isize>, _, _>(
-        "Distinct",
+fn distinct_with_trace<'s>(rows: Coll<'s, u64>, name: &str) -> (Coll<'s, u64>, QueryTrace) {
+    let arranged = distinct_arranged(rows, name);
+    let trace = arranged.trace.clone();
+    (arranged.as_collection(|row, _| row.clone()), trace)
+}
+
+/// `distinct` as an arrangement of its output, which joins and queries can
+/// use as it is.
+fn distinct_arranged<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, name: &str) -> SetArr<'s, T> {
+    rows.arrange_by_self_named(&format!("Arrange {name}")).reduce_abelian::<_, KeyBuilder<Row, T, isize>, KeySpine<Row, T, isize>, _, _>(
+        name,
         |_row, _count, out| out.push(((), 1)),
         |vec, key, upds| {
             vec.clear();
             vec.extend(upds.drain(..).map(|(v, t, r)| ((key.clone(), v), t, r)));
         },
-    );
-    let trace = arranged.trace.clone();
-    (arranged.as_collection(|row, _| row.clone()), trace)
+    )
 }
 
 /// Whether a rule's head rows are a set whenever the relations it scans and
@@ -439,6 +458,100 @@ pub fn groups(program: &Program, plans: &[Rc<RulePlan>], split: Split) -> Vec<BT
     groups.into_iter().filter(|g| !g.is_empty()).collect()
 }
 
+/// An arrangement a rule looks up: of a relation's facts an atom filter
+/// accepts, by the values at some positions — (key, rest) for a join, the
+/// distinct keys for an anti-join.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Lookup {
+    Join(RelId, AtomFilter, Vec<usize>),
+    Present(RelId, AtomFilter, Vec<usize>),
+}
+
+impl Lookup {
+    pub fn rel(&self) -> RelId {
+        match self {
+            Lookup::Join(rel, ..) | Lookup::Present(rel, ..) => *rel,
+        }
+    }
+}
+
+/// Arrangements built outside a group's dataflow (a hub's, imported into
+/// it), which its rules use instead of building their own.
+pub struct Imported<'s> {
+    pub joins: BTreeMap<(RelId, AtomFilter, Vec<usize>), Arr<'s, u64>>,
+    pub present: BTreeMap<(RelId, AtomFilter, Vec<usize>), SetArr<'s, u64>>,
+}
+
+impl Imported<'_> {
+    pub fn none() -> Self {
+        Imported { joins: BTreeMap::new(), present: BTreeMap::new() }
+    }
+}
+
+/// The arrangements the rules of each group look up in relations it does
+/// not derive (outside recursive strata, whose rules arrange inside their
+/// loop). Where several groups look up the same, one copy can serve them
+/// all ([`crate::runtime`]'s hubs), not one per group.
+pub fn lookups(program: &Program, plans: &[Rc<RulePlan>], groups: &[BTreeSet<RelId>]) -> Vec<BTreeSet<Lookup>> {
+    groups
+        .iter()
+        .map(|derived| {
+            let mut out = BTreeSet::new();
+            for stratum in program.strata.iter().filter(|s| !s.recursive) {
+                for p in plans.iter().filter(|p| derived.contains(&p.head) && stratum.rules.contains(&p.rule)) {
+                    if program.relations[p.head].builtin.is_some() {
+                        continue;
+                    }
+                    // As `Scope::rule` cuts it: a join after the first
+                    // segment's is a lookup; a leading atom is a scan.
+                    for (n, (head, _)) in segments(&p.steps).into_iter().enumerate() {
+                        match head {
+                            Some(Step::Join { rel, filter, key, .. }) if n > 0 && !derived.contains(rel) => {
+                                out.insert(Lookup::Join(*rel, filter.clone(), key.iter().map(|(p, _)| *p).collect()));
+                            }
+                            Some(Step::AntiJoin { rel, filter, key }) if !derived.contains(rel) => {
+                                out.insert(Lookup::Present(*rel, filter.clone(), key.iter().map(|(p, _)| *p).collect()));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// Builds, over a relation's collection, the arrangement `lookup` names.
+pub fn arrange_lookup<'s>(rows: Coll<'s, u64>, lookup: &Lookup, names: &[String]) -> Result<Arr<'s, u64>, SetArr<'s, u64>> {
+    match lookup.clone() {
+        Lookup::Join(rel, filter, key_pos) => Ok(arrange_join(rows, &filter, key_pos, &names[rel])),
+        Lookup::Present(rel, filter, positions) => Err(arrange_present(rows, &filter, positions, &names[rel])),
+    }
+}
+
+/// A relation's facts `filter` accepts as (values at `key_pos`, the others),
+/// arranged by the first: what a join looks up.
+fn arrange_join<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, filter: &AtomFilter, key_pos: Vec<usize>, rel_name: &str) -> Arr<'s, T> {
+    let f = filter.clone();
+    let name = format!("Arrange {rel_name} by {key_pos:?}");
+    rows.filter(move |row| f.accepts(row))
+        .map(move |row| {
+            let key = key_pos.iter().map(|p| row[*p].clone()).collect::<Row>();
+            let rest = row.iter().enumerate().filter(|(p, _)| !key_pos.contains(p)).map(|(_, v)| v.clone()).collect::<Row>();
+            (key, rest)
+        })
+        .arrange_by_key_named(&name)
+}
+
+/// The distinct values at `positions` of a relation's facts `filter`
+/// accepts, arranged: what an anti-join looks up.
+fn arrange_present<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, filter: &AtomFilter, positions: Vec<usize>, rel_name: &str) -> SetArr<'s, T> {
+    let f = filter.clone();
+    let name = format!("Present {rel_name} at {positions:?}");
+    distinct_arranged(rows.filter(move |row| f.accepts(row)).map(move |row| positions.iter().map(|p| row[*p].clone()).collect::<Row>()), &name)
+}
+
 /// How the program is cut into dataflows ([`groups`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Split {
@@ -449,7 +562,14 @@ pub enum Split {
 
 /// Builds the relations of one part (`only`, from [`components`]; the
 /// inputs given are that part's).
-pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<RelId, Coll<'s, u64>>, unit: Coll<'s, u64>, only: &BTreeSet<RelId>) -> Built<'s> {
+pub fn build<'s>(
+    program: &Program,
+    plans: &[Rc<RulePlan>],
+    inputs: BTreeMap<RelId, Coll<'s, u64>>,
+    unit: Coll<'s, u64>,
+    only: &BTreeSet<RelId>,
+    imported: Imported<'s>,
+) -> Built<'s> {
     let is_output = |rel: RelId| program.relations[rel].kind == ccattler_parser::ast::DeclKind::Output;
     let mut attributed = BTreeMap::new();
     let mut traces = BTreeMap::new();
@@ -457,7 +577,8 @@ pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<Rel
     // a row renders to one key), and what `distinct` or an aggregate makes.
     let mut sets: BTreeSet<RelId> = inputs.keys().copied().collect();
     let arity = |rel: RelId| program.relations[rel].arity();
-    let mut top = Scope { rels: inputs, unit, arranged: BTreeMap::new() };
+    let names: Rc<[String]> = program.relations.iter().map(|r| r.name.clone()).collect();
+    let mut top = Scope { rels: inputs, unit, arranged: imported.joins, present: imported.present, names: names.clone() };
     for stratum in &program.strata {
         let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| only.contains(r) && !top.rels.contains_key(r)).collect();
         if derived.is_empty() {
@@ -493,7 +614,7 @@ pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<Rel
                 let rel_coll = if single_aggregate || single_set {
                     all
                 } else {
-                    let (coll, trace) = distinct_with_trace(all);
+                    let (coll, trace) = distinct_with_trace(all, &format!("Distinct {}", names[rel]));
                     traces.insert(rel, trace);
                     coll
                 };
@@ -508,6 +629,8 @@ pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<Rel
                 rels: top.rels.iter().map(|(r, c)| (*r, c.clone().enter(inner))).collect(),
                 unit: top.unit.clone().enter(inner),
                 arranged: BTreeMap::new(),
+                present: BTreeMap::new(),
+                names: names.clone(),
             };
             let mut vars = Vec::new();
             for &rel in &derived {
@@ -518,7 +641,8 @@ pub fn build<'s>(program: &Program, plans: &[Rc<RulePlan>], inputs: BTreeMap<Rel
             let mut results = Vec::new();
             for (rel, var) in vars {
                 let parts: Vec<_> = rules_of(rel).map(|p| scope.rule(p)).collect();
-                let next = differential_dataflow::collection::concatenate(inner, parts).distinct();
+                let name = format!("Distinct {} (recursive)", names[rel]);
+                let next = distinct_arranged(differential_dataflow::collection::concatenate(inner, parts), &name).as_collection(|row, _| row.clone());
                 var.set(next.clone());
                 results.push((rel, next.leave(outer)));
             }

@@ -470,6 +470,12 @@ fn split_named(name: Option<&str>) -> Result<dataflow::Split, String> {
     }
 }
 
+/// Whether lookups several groups make share one arrangement in a hub
+/// (`CCATTLER_ENGINE_HUBS=off` arranges them in every group, for comparing).
+fn hubs_on() -> bool {
+    std::env::var("CCATTLER_ENGINE_HUBS").map_or(true, |v| v != "off")
+}
+
 /// The program cut into groups ([`dataflow::groups`]), worked out once for
 /// every worker.
 struct Layout {
@@ -479,6 +485,10 @@ struct Layout {
     reads: Vec<Vec<RelId>>,
     /// Which groups read each relation (an input, or one a group before derives).
     readers: BTreeMap<RelId, Vec<usize>>,
+    /// The lookups each group imports from a hub, not arranging its own.
+    imports: Vec<Vec<dataflow::Lookup>>,
+    /// Per relation with a hub, the lookups the hub arranges.
+    hubs: BTreeMap<RelId, Vec<dataflow::Lookup>>,
 }
 
 impl Layout {
@@ -492,7 +502,20 @@ impl Layout {
                 readers.entry(r).or_default().push(g);
             }
         }
-        Layout { derived, reads, readers }
+        // A lookup two or more groups make is arranged once, in its
+        // relation's hub, and imported by each.
+        let lookups = dataflow::lookups(program, &plans, &derived);
+        let mut users: BTreeMap<&dataflow::Lookup, usize> = BTreeMap::new();
+        for l in lookups.iter().flatten() {
+            *users.entry(l).or_default() += 1;
+        }
+        let shared = |l: &dataflow::Lookup| hubs_on() && users[l] >= 2;
+        let imports: Vec<Vec<dataflow::Lookup>> = lookups.iter().map(|ls| ls.iter().filter(|l| shared(l)).cloned().collect()).collect();
+        let mut hubs: BTreeMap<RelId, Vec<dataflow::Lookup>> = BTreeMap::new();
+        for (l, _) in users.iter().filter(|(l, _)| shared(l)) {
+            hubs.entry(l.rel()).or_default().push((*l).clone());
+        }
+        Layout { derived, reads, readers, imports, hubs }
     }
 }
 
@@ -808,6 +831,7 @@ pub fn serve(program: Arc<Program>, cluster: &Cluster) -> Result<(), EngineError
 fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &Shared, role: Role, tx: Option<Sender<Report>>) {
     use std::sync::atomic::Ordering;
     let _poison = PoisonOnPanic(shared);
+    let _tally = crate::arrangements::track(worker);
     let panic_at = injected_panic_at().filter(|_| worker.index() + 1 == worker.peers());
     let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
     let outputs: Rc<OutputBuffer> = Rc::new(RefCell::new(Vec::new()));
@@ -825,7 +849,29 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
     // group with nothing to do are not stepped at all.
     let mut groups: Vec<Group> = Vec::new();
     let mut traces: BTreeMap<RelId, QueryTrace> = BTreeMap::new();
-    let Layout { derived: specs, reads: all_reads, readers } = &shared.layout;
+    let Layout { derived: specs, reads: all_reads, readers, imports, hubs: hub_specs } = &shared.layout;
+    let names: Vec<String> = program.relations.iter().map(|r| r.name.clone()).collect();
+    // Hubs first: a dataflow per relation whose lookups several groups
+    // share, which those groups import.
+    let mut hubs: BTreeMap<RelId, Hub> = BTreeMap::new();
+    for (&rel, lookups) in hub_specs {
+        let hub = worker.dataflow::<u64, _, _>(|scope| {
+            let (input, coll) = scope.new_collection::<Row, isize>();
+            let (mut joins, mut present) = (BTreeMap::new(), BTreeMap::new());
+            for l in lookups {
+                match dataflow::arrange_lookup(coll.clone(), l, &names) {
+                    Ok(arr) => {
+                        joins.insert(l.clone(), arr.trace);
+                    }
+                    Err(arr) => {
+                        present.insert(l.clone(), arr.trace);
+                    }
+                }
+            }
+            Hub { input, joins, present, advanced: 0 }
+        });
+        hubs.insert(rel, hub);
+    }
     for (g, derived) in specs.iter().enumerate() {
         let reads = &all_reads[g];
         // Rows of these relations go on to the groups that read them.
@@ -841,7 +887,18 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 inputs.insert(rel, input);
                 colls.insert(rel, coll);
             }
-            let built = dataflow::build(program, &plans, colls, unit, derived);
+            let mut imported = dataflow::Imported::none();
+            for l in &imports[g] {
+                let hub = hubs.get_mut(&l.rel()).expect("a hub for every import");
+                let (dataflow::Lookup::Join(rel, filter, key) | dataflow::Lookup::Present(rel, filter, key)) = l.clone();
+                let name = format!("Import {} from its hub", names[rel]);
+                if let dataflow::Lookup::Join(..) = l {
+                    imported.joins.insert((rel, filter, key), hub.joins.get_mut(l).expect("the hub's").import_named(scope, &name));
+                } else {
+                    imported.present.insert((rel, filter, key), hub.present.get_mut(l).expect("the hub's").import_named(scope, &name));
+                }
+            }
+            let built = dataflow::build(program, &plans, colls, unit, derived, imported);
             for (rel, coll) in built.attributed {
                 let coll = if cluster { coll.inner.exchange(|_| 0).as_collection() } else { coll };
                 let buf = outputs.clone();
@@ -864,7 +921,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 if traces.contains_key(&rel) {
                     coll.probe_with(&probe);
                 } else {
-                    let arranged = coll.arrange_by_self();
+                    let arranged = coll.arrange_by_self_named(&format!("Query {}", program.relations[rel].name));
                     arranged.stream.clone().probe_with(&probe);
                     traces.insert(rel, arranged.trace);
                 }
@@ -895,11 +952,14 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
         match cmd {
             Cmd::Stage { at, changes, touched } => {
                 mark(&mut groups, readers, &touched);
-                feed(&mut groups, readers, at, changes);
+                feed(&mut groups, &mut hubs, readers, at, changes);
                 for group in groups.iter_mut().filter(|g| g.dirty) {
                     for input in group.inputs.values_mut() {
                         input.flush();
                     }
+                }
+                for hub in hubs.values_mut() {
+                    hub.input.flush();
                 }
                 // Work on it until the next command comes (or a few steps
                 // have passed: what is left waits for the revision's close).
@@ -923,7 +983,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                     panic!("injected worker panic at revision {rev} (CCATTLER_INJECT_WORKER_PANIC)");
                 }
                 for (at, changes) in batches {
-                    feed(&mut groups, readers, at, changes);
+                    feed(&mut groups, &mut hubs, readers, at, changes);
                 }
                 // Output rows go out in parts as they come, so the caller
                 // can take them in while the evaluation goes on.
@@ -953,6 +1013,11 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                     if !cluster && !groups[g].dirty && shared.fed_at[g].load(Ordering::Acquire) != rev {
                         continue;
                     }
+                    // The hubs it imports move first (their rows at `rev`
+                    // are all in: whoever derives them came before).
+                    for l in &imports[g] {
+                        hubs.get_mut(&l.rel()).expect("a hub for every import").advance(rev);
+                    }
                     let group = &mut groups[g];
                     group.dirty = true;
                     group.unit_input.advance_to(rev + 1);
@@ -976,7 +1041,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                     for (rel, row, t, d) in rows {
                         let Some(gs) = readers.get(&rel) else { continue };
                         debug_assert!(gs.iter().all(|&reader| reader > g), "a group reads only groups before it");
-                        enter(&mut groups, gs, rel, row, t, d);
+                        enter(&mut groups, &mut hubs, gs, rel, row, t, d);
                         fed.extend(gs.iter().copied());
                     }
                     for reader in fed {
@@ -1000,6 +1065,9 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                         t.set_logical_compaction(frontier.borrow());
                         t.set_physical_compaction(frontier.borrow());
                     }
+                }
+                for hub in hubs.values_mut().filter(|h| h.advanced == rev) {
+                    hub.compact(&Antichain::from_elem(oldest));
                 }
                 send_part(&outputs);
                 if let Some(tx) = &tx {
@@ -1053,6 +1121,43 @@ struct Group {
     advanced: u64,
 }
 
+/// A relation's hub ([`Layout::hubs`]): a dataflow of its own, fed its rows
+/// as its readers are, holding the arrangements several groups look up.
+/// It moves to a revision when the first group importing it does.
+struct Hub {
+    input: InputSession<u64, Row, isize>,
+    joins: BTreeMap<
+        dataflow::Lookup,
+        differential_dataflow::operators::arrange::TraceAgent<differential_dataflow::trace::implementations::ValSpine<Row, Row, u64, isize>>,
+    >,
+    present: BTreeMap<dataflow::Lookup, QueryTrace>,
+    /// The last revision it was advanced through.
+    advanced: u64,
+}
+
+impl Hub {
+    /// Moves its input past `rev` (once per revision).
+    fn advance(&mut self, rev: u64) {
+        if self.advanced < rev {
+            self.input.advance_to(rev + 1);
+            self.input.flush();
+            self.advanced = rev;
+        }
+    }
+
+    /// Lets its arrangements forget history before `frontier`.
+    fn compact(&mut self, frontier: &Antichain<u64>) {
+        for t in self.joins.values_mut() {
+            t.set_logical_compaction(frontier.borrow());
+            t.set_physical_compaction(frontier.borrow());
+        }
+        for t in self.present.values_mut() {
+            t.set_logical_compaction(frontier.borrow());
+            t.set_physical_compaction(frontier.borrow());
+        }
+    }
+}
+
 /// The input relations some change is to, sorted: every worker advances the
 /// groups that read them (worker 0 alone is fed the changes, but all must
 /// move a group's time together).
@@ -1072,17 +1177,20 @@ fn mark(groups: &mut [Group], readers: &BTreeMap<RelId, Vec<usize>>, touched: &[
 
 /// Enters input changes into the sessions of the groups that read them at
 /// time `at` (not yet flushed).
-fn feed(groups: &mut [Group], readers: &BTreeMap<RelId, Vec<usize>>, at: u64, changes: Vec<Change>) {
+fn feed(groups: &mut [Group], hubs: &mut BTreeMap<RelId, Hub>, readers: &BTreeMap<RelId, Vec<usize>>, at: u64, changes: Vec<Change>) {
     for (rel, row, d) in changes {
         if let Some(gs) = readers.get(&rel) {
-            enter(groups, gs, rel, row, at, d);
+            enter(groups, hubs, gs, rel, row, at, d);
         }
     }
 }
 
 /// Enters one row of `rel` into the input sessions of the groups `gs` (its
-/// readers) at time `at`.
-fn enter(groups: &mut [Group], gs: &[usize], rel: RelId, row: Row, at: u64, d: isize) {
+/// readers), and of its hub if it has one, at time `at`.
+fn enter(groups: &mut [Group], hubs: &mut BTreeMap<RelId, Hub>, gs: &[usize], rel: RelId, row: Row, at: u64, d: isize) {
+    if let Some(hub) = hubs.get_mut(&rel) {
+        hub.input.update_at(row.clone(), at, d);
+    }
     let Some((&last, rest)) = gs.split_last() else { return };
     for &g in rest {
         groups[g].inputs.get_mut(&rel).expect("a reader has the input").update_at(row.clone(), at, d);
@@ -1220,6 +1328,55 @@ mod tests {
             let all: Vec<Change> = [row(1, 2), row(2, 3)].into_iter().chain((2..40).map(|rev| row(rev, 1))).map(|x| (e, x, 1)).collect();
             fresh.apply(1, all).unwrap();
             assert_eq!(engine.query(r).unwrap(), fresh.query(r).unwrap());
+        }
+    }
+
+    /// Two strata join `e` on its first column and anti-join `k`: each
+    /// lookup is arranged once, in a hub both import, which moves whenever
+    /// either stratum does — including revisions where only one of them has
+    /// work, or only the hub's relation changed.
+    #[test]
+    fn a_lookup_two_strata_make_is_arranged_once_and_both_read_it_right() {
+        let src = "input e(a: int, b: int) from \"e/{a}/{b}\"\ninput f(a: int) from \"f/{a}\"\ninput g(a: int) from \"g/{a}\"\n\
+                   input k(a: int) from \"k/{a}\"\n\
+                   output x(a: int, b: int) to \"x/{a}/{b}\"\noutput y(a: int, b: int) to \"y/{a}/{b}\"\n\
+                   x(a, b) :- f(a), e(a, b), not k(b).\ny(a, b) :- g(a), e(a, b), not k(b).\n";
+        let program = Arc::new(ccattler_parser::check_str("t.rules", src).program.unwrap());
+        let [e, f, g, k, x, y] = ["e", "f", "g", "k", "x", "y"].map(|n| program.relation(n).unwrap());
+        let layout = Layout::of(&program, dataflow::Split::Strata);
+        assert_eq!(layout.derived.len(), 2, "x and y are strata of their own");
+        assert_eq!(layout.hubs.keys().copied().collect::<Vec<_>>(), vec![e, k], "one hub each for e and k");
+        assert!(layout.imports.iter().all(|i| i.len() == 2), "both strata import both: {:?}", layout.imports);
+        let one = |a: i64| -> Row { smallvec::smallvec![Value::Int(a)] };
+        // Each revision's changes: only f, only g, only e, only k, and all.
+        let revisions: Vec<Vec<Change>> = vec![
+            vec![(e, row(1, 10), 1), (e, row(2, 20), 1), (f, one(1), 1)],
+            vec![(g, one(2), 1)],
+            vec![(e, row(1, 11), 1), (e, row(2, 21), 1)],
+            vec![(k, one(11), 1)],
+            vec![(f, one(2), 1), (g, one(1), 1), (e, row(1, 10), -1), (k, one(11), -1), (k, one(20), 1)],
+            vec![(e, row(2, 22), 1)],
+        ];
+        for workers in [1, 2] {
+            let mut engine = Engine::start(program.clone(), workers).unwrap();
+            let mut all: Vec<Change> = Vec::new();
+            for (n, changes) in revisions.iter().enumerate() {
+                let rev = n as u64 + 1;
+                engine.apply(rev, changes.clone()).unwrap();
+                all.extend(changes.iter().cloned());
+                let mut fresh = Engine::start(program.clone(), 1).unwrap();
+                fresh.apply(1, consolidate(all.clone())).unwrap();
+                for rel in [x, y] {
+                    assert_eq!(
+                        engine.query(rel).unwrap(),
+                        fresh.query(rel).unwrap(),
+                        "{} after revision {rev}, {workers} worker(s)",
+                        program.relations[rel].name
+                    );
+                }
+            }
+            assert_eq!(engine.query(x).unwrap(), vec![row(1, 11), row(2, 21), row(2, 22)]);
+            assert_eq!(engine.query(y).unwrap(), vec![row(1, 11), row(2, 21), row(2, 22)]);
         }
     }
 }
