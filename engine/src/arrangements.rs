@@ -1,5 +1,5 @@
 //! What each arrangement holds, for finding where the engine's memory goes:
-//! with `CCATTLER_ENGINE_ARRANGEMENTS=1`, every worker tallies the updates
+//! with `CCATTLER_ENGINE_ARRANGEMENTS=1` (no other value), every worker tallies the updates
 //! each arrangement operator holds (batches in, merges and drops out, from
 //! differential's own log) and prints them, largest first, when it stops.
 
@@ -14,9 +14,6 @@ use timely::logging::{TimelyEvent, TimelyEventBuilder};
 struct Counts {
     names: HashMap<usize, String>,
     held: HashMap<usize, i64>,
-    /// Bytes of capacity each arrangement's batcher holds (sorted runs not
-    /// yet sealed, and buffers kept for reuse).
-    batcher: HashMap<usize, i64>,
 }
 
 /// A worker's tally; prints on drop.
@@ -28,7 +25,9 @@ pub struct Tally {
 /// Starts tallying on this worker if `CCATTLER_ENGINE_ARRANGEMENTS` is set.
 /// Call before building dataflows: operators take their loggers when built.
 pub fn track(worker: &mut timely::worker::Worker) -> Option<Tally> {
-    std::env::var_os("CCATTLER_ENGINE_ARRANGEMENTS")?;
+    if !wanted(std::env::var_os("CCATTLER_ENGINE_ARRANGEMENTS").as_deref()) {
+        return None;
+    }
     let counts: Rc<RefCell<Counts>> = Rc::default();
     let mut register = worker.log_register()?;
     let c = counts.clone();
@@ -50,10 +49,6 @@ pub fn track(worker: &mut timely::worker::Worker) -> Option<Tally> {
                     None => continue,
                 },
                 DifferentialEvent::Drop(d) => (d.operator, -(d.length as i64)),
-                DifferentialEvent::Batcher(b) => {
-                    *c.batcher.entry(b.operator).or_default() += b.capacity_diff as i64;
-                    continue;
-                }
                 _ => continue,
             };
             *c.held.entry(op).or_default() += delta;
@@ -61,6 +56,11 @@ pub fn track(worker: &mut timely::worker::Worker) -> Option<Tally> {
     });
     drop(register);
     Some(Tally { worker: worker.index(), counts })
+}
+
+/// Whether the variable's value asks for the tally: `1`, nothing else.
+fn wanted(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_some_and(|v| v == "1")
 }
 
 impl Drop for Tally {
@@ -76,16 +76,23 @@ impl Drop for Tally {
         let mut rows: Vec<_> = by_name.into_iter().collect();
         rows.sort_by_key(|(name, (n, _))| (std::cmp::Reverse(*n), *name));
         let total: i64 = rows.iter().map(|(_, (n, _))| n).sum();
-        let batchers: i64 = c.batcher.values().sum();
-        eprintln!(
-            "arrangements, worker {}: {} updates held in {} operators; their batchers hold {} MiB of capacity",
-            self.worker,
-            total,
-            c.held.len(),
-            batchers >> 20
-        );
+        eprintln!("arrangements, worker {}: {} updates held in {} operators", self.worker, total, c.held.len());
         for (name, (n, ops)) in rows.iter().take(60) {
             eprintln!("  {n:>10} {ops:>4}× {name}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wanted;
+
+    #[test]
+    fn only_1_asks_for_the_tally_not_0_or_an_empty_value() {
+        assert!(wanted(Some("1".as_ref())));
+        for careless in ["0", "", "false", "yes", " 1"] {
+            assert!(!wanted(Some(careless.as_ref())), "{careless:?}");
+        }
+        assert!(!wanted(None));
     }
 }

@@ -17,6 +17,8 @@ use timely::progress::Timestamp;
 pub type Coll<'s, T> = VecCollection<'s, T, Row, isize>;
 /// A relation's current tuples, readable by point-in-time queries.
 pub type QueryTrace = TraceAgent<KeySpine<Row, u64, isize>>;
+/// A relation's facts arranged by a join key: (key values, the others).
+pub type JoinTrace = TraceAgent<ValSpine<Row, Row, u64, isize>>;
 pub type Arr<'s, T> = Arranged<'s, TraceAgent<ValSpine<Row, Row, T, isize>>>;
 /// A set of rows, arranged (what `distinct` makes).
 pub type SetArr<'s, T> = Arranged<'s, TraceAgent<KeySpine<Row, T, isize>>>;
@@ -43,26 +45,18 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     }
 
     fn arrangement(&mut self, rel: RelId, filter: &AtomFilter, key_pos: Vec<usize>) -> Arr<'s, T> {
-        let k = (rel, filter.clone(), key_pos.clone());
-        if let Some(a) = self.arranged.get(&k) {
-            return a.clone();
-        }
-        let arr = arrange_join(self.relation(rel), filter, key_pos, &self.names[rel]);
-        self.arranged.insert(k, arr.clone());
-        arr
+        let rows = self.relation(rel);
+        let name = &self.names[rel];
+        self.arranged.entry((rel, filter.clone(), key_pos.clone())).or_insert_with(|| arrange_join(rows, filter, key_pos, name)).clone()
     }
 
     /// The distinct values of `rel`'s facts at `positions` (those `filter`
     /// accepts), arranged: what an anti-join looks up. Shared by every rule
     /// of the scope that anti-joins the same atom.
     fn present(&mut self, rel: RelId, filter: &AtomFilter, positions: Vec<usize>) -> SetArr<'s, T> {
-        let k = (rel, filter.clone(), positions.clone());
-        if let Some(a) = self.present.get(&k) {
-            return a.clone();
-        }
-        let arr = arrange_present(self.relation(rel), filter, positions, &self.names[rel]);
-        self.present.insert(k, arr.clone());
-        arr
+        let rows = self.relation(rel);
+        let name = &self.names[rel];
+        self.present.entry((rel, filter.clone(), positions.clone())).or_insert_with(|| arrange_present(rows, filter, positions, name)).clone()
     }
 
     /// The head rows one rule derives (not yet deduplicated).
@@ -473,6 +467,19 @@ impl Lookup {
             Lookup::Join(rel, ..) | Lookup::Present(rel, ..) => *rel,
         }
     }
+
+    /// How a scope finds the arrangement: the relation, filter and positions.
+    fn key(&self) -> (RelId, AtomFilter, Vec<usize>) {
+        match self {
+            Lookup::Join(rel, filter, pos) | Lookup::Present(rel, filter, pos) => (*rel, filter.clone(), pos.clone()),
+        }
+    }
+}
+
+/// The arrangement a [`Lookup`] names, built or imported.
+pub enum LookupArrangement<'s> {
+    Join(Arr<'s, u64>),
+    Present(SetArr<'s, u64>),
 }
 
 /// Arrangements built outside a group's dataflow (a hub's, imported into
@@ -482,9 +489,21 @@ pub struct Imported<'s> {
     pub present: BTreeMap<(RelId, AtomFilter, Vec<usize>), SetArr<'s, u64>>,
 }
 
-impl Imported<'_> {
+impl<'s> Imported<'s> {
     pub fn none() -> Self {
         Imported { joins: BTreeMap::new(), present: BTreeMap::new() }
+    }
+
+    /// Adds the arrangement `lookup` names, for the group's rules to use.
+    pub fn add(&mut self, lookup: &Lookup, arrangement: LookupArrangement<'s>) {
+        match arrangement {
+            LookupArrangement::Join(arr) => {
+                self.joins.insert(lookup.key(), arr);
+            }
+            LookupArrangement::Present(arr) => {
+                self.present.insert(lookup.key(), arr);
+            }
+        }
     }
 }
 
@@ -523,10 +542,10 @@ pub fn lookups(program: &Program, plans: &[Rc<RulePlan>], groups: &[BTreeSet<Rel
 }
 
 /// Builds, over a relation's collection, the arrangement `lookup` names.
-pub fn arrange_lookup<'s>(rows: Coll<'s, u64>, lookup: &Lookup, names: &[String]) -> Result<Arr<'s, u64>, SetArr<'s, u64>> {
+pub fn arrange_lookup<'s>(rows: Coll<'s, u64>, lookup: &Lookup, rel_name: &str) -> LookupArrangement<'s> {
     match lookup.clone() {
-        Lookup::Join(rel, filter, key_pos) => Ok(arrange_join(rows, &filter, key_pos, &names[rel])),
-        Lookup::Present(rel, filter, positions) => Err(arrange_present(rows, &filter, positions, &names[rel])),
+        Lookup::Join(_, filter, key_pos) => LookupArrangement::Join(arrange_join(rows, &filter, key_pos, rel_name)),
+        Lookup::Present(_, filter, positions) => LookupArrangement::Present(arrange_present(rows, &filter, positions, rel_name)),
     }
 }
 

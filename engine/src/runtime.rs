@@ -163,7 +163,7 @@ impl Engine {
         let done_txs: Arc<Mutex<Vec<Option<Sender<Report>>>>> = Arc::new(Mutex::new((0..leads).map(|_| Some(done_tx.clone())).collect()));
         drop(done_tx);
         let prog = program.clone();
-        let shared = Arc::new(Shared::new(workers, Layout::of(&program, if cluster { dataflow::Split::One } else { split() })));
+        let shared = Arc::new(Shared::new(workers, Layout::of(&program, if cluster { dataflow::Split::One } else { split() }, hubs())));
         let workers_shared = shared.clone();
         let work = move |worker: &mut timely::worker::Worker| {
             let rx = receivers.lock().expect("receiver list").get_mut(worker.index()).and_then(Option::take);
@@ -472,8 +472,21 @@ fn split_named(name: Option<&str>) -> Result<dataflow::Split, String> {
 
 /// Whether lookups several groups make share one arrangement in a hub
 /// (`CCATTLER_ENGINE_HUBS=off` arranges them in every group, for comparing).
-fn hubs_on() -> bool {
-    std::env::var("CCATTLER_ENGINE_HUBS").map_or(true, |v| v != "off")
+fn hubs() -> bool {
+    let named = std::env::var("CCATTLER_ENGINE_HUBS").ok();
+    hubs_named(named.as_deref()).unwrap_or_else(|why| {
+        tracing::warn!("{why}; sharing lookups in hubs");
+        true
+    })
+}
+
+/// `CCATTLER_ENGINE_HUBS`'s value (unset: on).
+fn hubs_named(name: Option<&str>) -> Result<bool, String> {
+    match name {
+        None | Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(other) => Err(format!("CCATTLER_ENGINE_HUBS={other:?} is not on or off")),
+    }
 }
 
 /// The program cut into groups ([`dataflow::groups`]), worked out once for
@@ -492,7 +505,9 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(program: &Program, split: dataflow::Split) -> Layout {
+    /// The layout of `program` cut by `split`, with lookups several groups
+    /// make shared in hubs if `hubs`.
+    fn of(program: &Program, split: dataflow::Split, hubs: bool) -> Layout {
         let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
         let derived = dataflow::groups(program, &plans, split);
         let reads: Vec<Vec<RelId>> = derived.iter().map(|d| dataflow::reads(program, &plans, d).into_iter().filter(|r| !d.contains(r)).collect()).collect();
@@ -509,13 +524,13 @@ impl Layout {
         for l in lookups.iter().flatten() {
             *users.entry(l).or_default() += 1;
         }
-        let shared = |l: &dataflow::Lookup| hubs_on() && users[l] >= 2;
+        let shared = |l: &dataflow::Lookup| hubs && users[l] >= 2;
         let imports: Vec<Vec<dataflow::Lookup>> = lookups.iter().map(|ls| ls.iter().filter(|l| shared(l)).cloned().collect()).collect();
-        let mut hubs: BTreeMap<RelId, Vec<dataflow::Lookup>> = BTreeMap::new();
-        for (l, _) in users.iter().filter(|(l, _)| shared(l)) {
-            hubs.entry(l.rel()).or_default().push((*l).clone());
+        let mut by_rel: BTreeMap<RelId, Vec<dataflow::Lookup>> = BTreeMap::new();
+        for l in users.keys().filter(|l| shared(l)) {
+            by_rel.entry(l.rel()).or_default().push((*l).clone());
         }
-        Layout { derived, reads, readers, imports, hubs }
+        Layout { derived, reads, readers, imports, hubs: by_rel }
     }
 }
 
@@ -817,7 +832,7 @@ pub fn serve(program: Arc<Program>, cluster: &Cluster) -> Result<(), EngineError
     if cluster.process == 0 {
         return Err(EngineError::Cluster("process 0 runs the engine (Engine::start_cluster), not serve".into()));
     }
-    let shared = Arc::new(Shared::new(cluster.workers, Layout::of(&program, dataflow::Split::One)));
+    let shared = Arc::new(Shared::new(cluster.workers, Layout::of(&program, dataflow::Split::One, hubs())));
     let workers_shared = shared.clone();
     let guards = cluster.execute(crate::cluster::fingerprint(&program), move |worker| run_worker(worker, &program, &workers_shared, Role::Follow, None))?;
     let panicked = guards.join().into_iter().find_map(Result::err);
@@ -850,7 +865,6 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
     let mut groups: Vec<Group> = Vec::new();
     let mut traces: BTreeMap<RelId, QueryTrace> = BTreeMap::new();
     let Layout { derived: specs, reads: all_reads, readers, imports, hubs: hub_specs } = &shared.layout;
-    let names: Vec<String> = program.relations.iter().map(|r| r.name.clone()).collect();
     // Hubs first: a dataflow per relation whose lookups several groups
     // share, which those groups import.
     let mut hubs: BTreeMap<RelId, Hub> = BTreeMap::new();
@@ -859,11 +873,11 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
             let (input, coll) = scope.new_collection::<Row, isize>();
             let (mut joins, mut present) = (BTreeMap::new(), BTreeMap::new());
             for l in lookups {
-                match dataflow::arrange_lookup(coll.clone(), l, &names) {
-                    Ok(arr) => {
+                match dataflow::arrange_lookup(coll.clone(), l, &program.relations[rel].name) {
+                    dataflow::LookupArrangement::Join(arr) => {
                         joins.insert(l.clone(), arr.trace);
                     }
-                    Err(arr) => {
+                    dataflow::LookupArrangement::Present(arr) => {
                         present.insert(l.clone(), arr.trace);
                     }
                 }
@@ -890,13 +904,14 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
             let mut imported = dataflow::Imported::none();
             for l in &imports[g] {
                 let hub = hubs.get_mut(&l.rel()).expect("a hub for every import");
-                let (dataflow::Lookup::Join(rel, filter, key) | dataflow::Lookup::Present(rel, filter, key)) = l.clone();
-                let name = format!("Import {} from its hub", names[rel]);
-                if let dataflow::Lookup::Join(..) = l {
-                    imported.joins.insert((rel, filter, key), hub.joins.get_mut(l).expect("the hub's").import_named(scope, &name));
-                } else {
-                    imported.present.insert((rel, filter, key), hub.present.get_mut(l).expect("the hub's").import_named(scope, &name));
-                }
+                let name = format!("Import {} from its hub", program.relations[l.rel()].name);
+                let arrangement = match l {
+                    dataflow::Lookup::Join(..) => dataflow::LookupArrangement::Join(hub.joins.get_mut(l).expect("the hub's").import_named(scope, &name)),
+                    dataflow::Lookup::Present(..) => {
+                        dataflow::LookupArrangement::Present(hub.present.get_mut(l).expect("the hub's").import_named(scope, &name))
+                    }
+                };
+                imported.add(l, arrangement);
             }
             let built = dataflow::build(program, &plans, colls, unit, derived, imported);
             for (rel, coll) in built.attributed {
@@ -1061,9 +1076,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                     // it was last advanced to, and than the oldest pin.
                     let frontier = Antichain::from_elem(oldest.min(group.advanced));
                     for rel in &group.rels {
-                        let t = traces.get_mut(rel).expect("a group's trace");
-                        t.set_logical_compaction(frontier.borrow());
-                        t.set_physical_compaction(frontier.borrow());
+                        compact(traces.get_mut(rel).expect("a group's trace"), &frontier);
                     }
                 }
                 for hub in hubs.values_mut().filter(|h| h.advanced == rev) {
@@ -1126,10 +1139,7 @@ struct Group {
 /// It moves to a revision when the first group importing it does.
 struct Hub {
     input: InputSession<u64, Row, isize>,
-    joins: BTreeMap<
-        dataflow::Lookup,
-        differential_dataflow::operators::arrange::TraceAgent<differential_dataflow::trace::implementations::ValSpine<Row, Row, u64, isize>>,
-    >,
+    joins: BTreeMap<dataflow::Lookup, dataflow::JoinTrace>,
     present: BTreeMap<dataflow::Lookup, QueryTrace>,
     /// The last revision it was advanced through.
     advanced: u64,
@@ -1147,15 +1157,15 @@ impl Hub {
 
     /// Lets its arrangements forget history before `frontier`.
     fn compact(&mut self, frontier: &Antichain<u64>) {
-        for t in self.joins.values_mut() {
-            t.set_logical_compaction(frontier.borrow());
-            t.set_physical_compaction(frontier.borrow());
-        }
-        for t in self.present.values_mut() {
-            t.set_logical_compaction(frontier.borrow());
-            t.set_physical_compaction(frontier.borrow());
-        }
+        self.joins.values_mut().for_each(|t| compact(t, frontier));
+        self.present.values_mut().for_each(|t| compact(t, frontier));
     }
+}
+
+/// Lets a trace forget history before `frontier`, logically and physically.
+fn compact(trace: &mut impl TraceReader<Time = u64>, frontier: &Antichain<u64>) {
+    trace.set_logical_compaction(frontier.borrow());
+    trace.set_physical_compaction(frontier.borrow());
 }
 
 /// The input relations some change is to, sorted: every worker advances the
@@ -1274,6 +1284,17 @@ mod tests {
     }
 
     #[test]
+    fn a_hubs_value_that_is_neither_on_nor_off_is_refused_and_named() {
+        assert_eq!(hubs_named(None), Ok(true));
+        assert_eq!(hubs_named(Some("on")), Ok(true));
+        assert_eq!(hubs_named(Some("off")), Ok(false));
+        for careless in ["Off", "off ", "", "0", "false", "no"] {
+            let why = hubs_named(Some(careless)).unwrap_err();
+            assert!(why.contains(&format!("{careless:?}")) && why.contains("on or off"), "{why}");
+        }
+    }
+
+    #[test]
     fn a_split_name_that_is_none_of_the_three_is_refused_and_named() {
         assert_eq!(split_named(None), Ok(dataflow::Split::Strata));
         assert_eq!(split_named(Some("strata")), Ok(dataflow::Split::Strata));
@@ -1343,7 +1364,7 @@ mod tests {
                    x(a, b) :- f(a), e(a, b), not k(b).\ny(a, b) :- g(a), e(a, b), not k(b).\n";
         let program = Arc::new(ccattler_parser::check_str("t.rules", src).program.unwrap());
         let [e, f, g, k, x, y] = ["e", "f", "g", "k", "x", "y"].map(|n| program.relation(n).unwrap());
-        let layout = Layout::of(&program, dataflow::Split::Strata);
+        let layout = Layout::of(&program, dataflow::Split::Strata, true);
         assert_eq!(layout.derived.len(), 2, "x and y are strata of their own");
         assert_eq!(layout.hubs.keys().copied().collect::<Vec<_>>(), vec![e, k], "one hub each for e and k");
         assert!(layout.imports.iter().all(|i| i.len() == 2), "both strata import both: {:?}", layout.imports);
