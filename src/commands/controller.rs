@@ -10,12 +10,18 @@ pub(crate) fn controller(cfg: ccattler_bridge::controller::ControllerConfig) -> 
     rt.shutdown_background();
     match ran {
         Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(e @ ccattler_bridge::controller::ControllerError::Rules { .. }) => {
-            eprintln!("{e}");
-            Ok(ExitCode::from(1))
-        }
-        Err(e) => Err(e.into()),
+        Err(e) => failed(e),
     }
+}
+
+/// Bad rules are the user's to fix: said plainly, exit 1; anything else is
+/// an error with its causes.
+fn failed(e: ccattler_bridge::controller::ControllerError) -> anyhow::Result<ExitCode> {
+    if let ccattler_bridge::controller::ControllerError::Rules { .. } = e {
+        eprintln!("{e}");
+        return Ok(ExitCode::from(1));
+    }
+    Err(e.into())
 }
 
 /// How long a group's process told to stop waits for process 0 to stop the
@@ -30,11 +36,7 @@ const GROUP_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(15)
 pub(crate) fn controller_serve(rules: &[PathBuf], cluster: &ccattler_engine::Cluster) -> anyhow::Result<ExitCode> {
     let program = match ccattler_bridge::controller::load_rules(rules) {
         Ok(p) => p,
-        Err(e @ ccattler_bridge::controller::ControllerError::Rules { .. }) => {
-            eprintln!("{e}");
-            return Ok(ExitCode::from(1));
-        }
-        Err(e) => return Err(e.into()),
+        Err(e) => return failed(e),
     };
     tracing::info!(
         process = cluster.process,
