@@ -2,12 +2,12 @@
 //! stratum is built in order; recursive strata iterate to a fixed point.
 
 use crate::plan::{compare, AtomFilter, CExpr, CHead, RulePlan, Step};
+use crate::rows::{RowKeyBatcher, RowKeyBuilder, RowKeySpine, RowRef, RowValBatcher, RowValBuilder, RowValSpine};
 use crate::value::{Row, Value};
 use ccattler_parser::program::{Builtin, Program, RelId};
 use differential_dataflow::lattice::Lattice;
 use differential_dataflow::operators::arrange::{Arranged, TraceAgent};
 use differential_dataflow::operators::iterate::VecVariable;
-use differential_dataflow::trace::implementations::{KeyBuilder, KeySpine, ValSpine};
 use differential_dataflow::VecCollection;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
@@ -16,12 +16,22 @@ use timely::progress::Timestamp;
 
 pub type Coll<'s, T> = VecCollection<'s, T, Row, isize>;
 /// A relation's current tuples, readable by point-in-time queries.
-pub type QueryTrace = TraceAgent<KeySpine<Row, u64, isize>>;
+pub type QueryTrace = TraceAgent<RowKeySpine<u64>>;
 /// A relation's facts arranged by a join key: (key values, the others).
-pub type JoinTrace = TraceAgent<ValSpine<Row, Row, u64, isize>>;
-pub type Arr<'s, T> = Arranged<'s, TraceAgent<ValSpine<Row, Row, T, isize>>>;
+pub type JoinTrace = TraceAgent<RowValSpine<u64>>;
+pub type Arr<'s, T> = Arranged<'s, TraceAgent<RowValSpine<T>>>;
 /// A set of rows, arranged (what `distinct` makes).
-pub type SetArr<'s, T> = Arranged<'s, TraceAgent<KeySpine<Row, T, isize>>>;
+pub type SetArr<'s, T> = Arranged<'s, TraceAgent<RowKeySpine<T>>>;
+
+/// (key, rest) pairs arranged by key, rows laid end to end ([`crate::rows`]).
+fn arrange_pairs<'s, T: Timestamp + Lattice + Ord>(pairs: VecCollection<'s, T, (Row, Row), isize>, name: &str) -> Arr<'s, T> {
+    pairs.arrange_named::<RowValBatcher<T>, RowValSpine<T>>(name, RowValBatcher::new)
+}
+
+/// Rows arranged as a set of keys, laid end to end ([`crate::rows`]).
+pub fn arrange_set<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, name: &str) -> SetArr<'s, T> {
+    rows.map(|row| (row, ())).arrange_named::<RowKeyBatcher<T>, RowKeySpine<T>>(name, RowKeyBatcher::new)
+}
 
 /// Collections and shared arrangements of one scope. Ordered maps only: every
 /// worker must build the same operators in the same order.
@@ -104,8 +114,8 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     let bind: Vec<(usize, usize)> = bind.iter().map(|(pos, var)| (pos - key_pos.iter().filter(|k| *k < pos).count(), *var)).collect();
                     let s = split.clone();
                     let left = format!("Bindings of rule {} into {}", plan.rule, self.names[*rel]);
-                    b.map(move |row| s.split(row)).arrange_by_key_named(&left).join_core(arr, move |k, rest: &Row, fact_rest: &Row| {
-                        let mut out = split.join(nvars, k, rest);
+                    arrange_pairs(b.map(move |row| s.split(row)), &left).join_core(arr, move |k: RowRef, rest: RowRef, fact_rest: RowRef| {
+                        let mut out = split.join(nvars, k.0, rest.0);
                         for (at, var) in &bind {
                             out[*var] = fact_rest[*at].clone();
                         }
@@ -122,7 +132,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     // arrangement `distinct` already built.
                     let left = b.map(move |row| s.split(row));
                     let name = format!("Bindings of rule {} against {}", plan.rule, self.names[*rel]);
-                    let matched = left.clone().arrange_by_key_named(&name).join_core(present, |k, v, _| Some((k.clone(), v.clone())));
+                    let matched = arrange_pairs(left.clone(), &name).join_core(present, |k: RowRef, v: RowRef, _| Some((k.to_row(), v.to_row())));
                     left.concat(matched.negate()).flat_map(move |(k, rest)| finish.run(split.join(nvars, &k, &rest)))
                 }
                 // No atom yet: start from the one empty row.
@@ -141,15 +151,21 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         // Aggregates range over the distinct bindings of the body.
         let (p1, p2, p3) = (plan.clone(), plan.clone(), plan.clone());
         let name = format!("Bindings of rule {} (aggregated)", plan.rule);
-        distinct_arranged(b, &name)
-            .as_collection(|row, _| row.clone())
-            .flat_map(move |row| p1.group_and_args(&row))
-            .reduce_named(&format!("Aggregate of rule {}", plan.rule), move |_group, input: &[(&Row, isize)], out: &mut Vec<(Row, isize)>| {
-                if let Some(aggs) = p2.aggregate(input) {
-                    out.push((aggs, 1));
-                }
-            })
-            .map(move |(group, aggs)| p3.head_from_group(&group, &aggs))
+        let groups = distinct_arranged(b, &name).as_collection(|row: RowRef, _| row.to_row()).flat_map(move |row| p1.group_and_args(&row));
+        arrange_pairs(groups, &format!("Arrange Aggregate of rule {}", plan.rule))
+            .reduce_abelian::<_, RowValBuilder<T>, RowValSpine<T>, _, _>(
+                &format!("Aggregate of rule {}", plan.rule),
+                move |_group, input: &[(RowRef, isize)], out: &mut Vec<(Row, isize)>| {
+                    if let Some(aggs) = p2.aggregate(input) {
+                        out.push((aggs, 1));
+                    }
+                },
+                |vec, group: RowRef, upds| {
+                    vec.clear();
+                    vec.extend(upds.drain(..).map(|(v, t, r)| ((group.to_row(), v), t, r)));
+                },
+            )
+            .as_collection(move |group: RowRef, aggs: RowRef| p3.head_from_group(&group, &aggs))
     }
 }
 
@@ -326,18 +342,18 @@ pub struct Built<'s> {
 fn distinct_with_trace<'s>(rows: Coll<'s, u64>, name: &str) -> (Coll<'s, u64>, QueryTrace) {
     let arranged = distinct_arranged(rows, name);
     let trace = arranged.trace.clone();
-    (arranged.as_collection(|row, _| row.clone()), trace)
+    (arranged.as_collection(|row: RowRef, _| row.to_row()), trace)
 }
 
 /// `distinct` as an arrangement of its output, which joins and queries can
 /// use as it is.
 fn distinct_arranged<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, name: &str) -> SetArr<'s, T> {
-    rows.arrange_by_self_named(&format!("Arrange {name}")).reduce_abelian::<_, KeyBuilder<Row, T, isize>, KeySpine<Row, T, isize>, _, _>(
+    arrange_set(rows, &format!("Arrange {name}")).reduce_abelian::<_, RowKeyBuilder<T>, RowKeySpine<T>, _, _>(
         name,
         |_row, _count, out| out.push(((), 1)),
-        |vec, key, upds| {
+        |vec, key: RowRef, upds| {
             vec.clear();
-            vec.extend(upds.drain(..).map(|(v, t, r)| ((key.clone(), v), t, r)));
+            vec.extend(upds.drain(..).map(|(v, t, r)| ((key.to_row(), v), t, r)));
         },
     )
 }
@@ -554,13 +570,12 @@ pub fn arrange_lookup<'s>(rows: Coll<'s, u64>, lookup: &Lookup, rel_name: &str) 
 fn arrange_join<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, filter: &AtomFilter, key_pos: Vec<usize>, rel_name: &str) -> Arr<'s, T> {
     let f = filter.clone();
     let name = format!("Arrange {rel_name} by {key_pos:?}");
-    rows.filter(move |row| f.accepts(row))
-        .map(move |row| {
-            let key = key_pos.iter().map(|p| row[*p].clone()).collect::<Row>();
-            let rest = row.iter().enumerate().filter(|(p, _)| !key_pos.contains(p)).map(|(_, v)| v.clone()).collect::<Row>();
-            (key, rest)
-        })
-        .arrange_by_key_named(&name)
+    let pairs = rows.filter(move |row| f.accepts(row)).map(move |row| {
+        let key = key_pos.iter().map(|p| row[*p].clone()).collect::<Row>();
+        let rest = row.iter().enumerate().filter(|(p, _)| !key_pos.contains(p)).map(|(_, v)| v.clone()).collect::<Row>();
+        (key, rest)
+    });
+    arrange_pairs(pairs, &name)
 }
 
 /// The distinct values at `positions` of a relation's facts `filter`
@@ -661,7 +676,7 @@ pub fn build<'s>(
             for (rel, var) in vars {
                 let parts: Vec<_> = rules_of(rel).map(|p| scope.rule(p)).collect();
                 let name = format!("Distinct {} (recursive)", names[rel]);
-                let next = distinct_arranged(differential_dataflow::collection::concatenate(inner, parts), &name).as_collection(|row, _| row.clone());
+                let next = distinct_arranged(differential_dataflow::collection::concatenate(inner, parts), &name).as_collection(|row: RowRef, _| row.to_row());
                 var.set(next.clone());
                 results.push((rel, next.leave(outer)));
             }

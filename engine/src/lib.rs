@@ -14,6 +14,7 @@ pub mod explain;
 pub mod factfile;
 pub mod facts;
 pub mod plan;
+pub mod rows;
 pub mod ruletest;
 pub mod runtime;
 pub mod session;

@@ -249,12 +249,12 @@ impl RulePlan {
     }
 
     /// Computes every aggregate of the head over one group's (arguments, multiplicity).
-    pub fn aggregate(&self, input: &[(&Row, isize)]) -> Option<Row> {
+    pub fn aggregate<R: AsRef<[Value]>>(&self, input: &[(R, isize)]) -> Option<Row> {
         let mut out = Row::new();
         let mut offset = 0;
         for h in &self.head_terms {
             let CHead::Agg(kind, es) = h else { continue };
-            let arg = |row: &Row, i: usize| row[offset + i].clone();
+            let arg = |row: &R, i: usize| row.as_ref()[offset + i].clone();
             let v = match kind {
                 AggKind::Count => Value::Int(input.iter().map(|(_, m)| *m as i64).sum()),
                 AggKind::Sum => {

@@ -936,7 +936,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 if traces.contains_key(&rel) {
                     coll.probe_with(&probe);
                 } else {
-                    let arranged = coll.arrange_by_self_named(&format!("Query {}", program.relations[rel].name));
+                    let arranged = dataflow::arrange_set(coll, &format!("Query {}", program.relations[rel].name));
                     arranged.stream.clone().probe_with(&probe);
                     traces.insert(rel, arranged.trace);
                 }
@@ -1219,7 +1219,7 @@ fn read_trace(trace: &mut QueryTrace, prefix: &[Value], as_of: u64) -> Vec<Row> 
     let (mut cursor, storage) = cursor_list(batches);
     let mut rows = Vec::new();
     if !prefix.is_empty() {
-        cursor.seek_key(&storage, &Row::from(prefix));
+        cursor.seek_key(&storage, crate::rows::RowRef(prefix));
     }
     while let Some(key) = cursor.get_key(&storage) {
         if !key.starts_with(prefix) {
@@ -1232,7 +1232,7 @@ fn read_trace(trace: &mut QueryTrace, prefix: &[Value], as_of: u64) -> Vec<Row> 
             }
         });
         if count > 0 {
-            rows.push(key.clone());
+            rows.push(key.to_row());
         }
         cursor.step_key(&storage);
     }

@@ -1,0 +1,215 @@
+//! Rows as arrangements hold them: a batch's keys (or values) laid end to end
+//! in one vector of values, not a vector of rows each with its own header and
+//! allocation. All rows of one arrangement's keys have the same width (as do
+//! its values: a relation has one arity, a join key one length), so a row's
+//! place is its index times the width; a container that is handed rows of
+//! different widths keeps where each ends instead.
+//!
+//! The spines, batchers and builders below are differential's own ordered
+//! batches over this container; an arrangement's cursor reads a key or a
+//! value as a [`RowRef`].
+
+use crate::value::{Row, Value};
+use differential_dataflow::batcher::merge::chunker::ContainerChunker;
+use differential_dataflow::batcher::merge::vec::VecMerger;
+use differential_dataflow::batcher::merge::MergeBatcher;
+use differential_dataflow::trace::implementations::ord_neu::{OrdKeyBatch, OrdKeyBuilder, OrdValBatch, OrdValBuilder};
+use differential_dataflow::trace::implementations::spine_fueled::Spine;
+use differential_dataflow::trace::implementations::{BatchContainer, OffsetList};
+use std::rc::Rc;
+use timely::container::PushInto;
+
+/// A row read out of an arrangement: its values, borrowed.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct RowRef<'a>(pub &'a [Value]);
+
+impl RowRef<'_> {
+    pub fn to_row(self) -> Row {
+        Row::from(self.0)
+    }
+}
+
+impl std::ops::Deref for RowRef<'_> {
+    type Target = [Value];
+    fn deref(&self) -> &[Value] {
+        self.0
+    }
+}
+
+impl AsRef<[Value]> for RowRef<'_> {
+    fn as_ref(&self) -> &[Value] {
+        self.0
+    }
+}
+
+impl<'b> PartialEq<&'b Row> for RowRef<'_> {
+    fn eq(&self, other: &&'b Row) -> bool {
+        self.0 == &other[..]
+    }
+}
+
+/// Rows end to end: `values` holds row `i` at `i * width ..` while every row
+/// pushed had the same width; once one does not, `ends` says where each ends.
+pub struct RowContainer {
+    values: Vec<Value>,
+    /// The width of every row, while they all have one (`None` before the first).
+    width: Option<usize>,
+    /// Where each row ends in `values`, once widths differ.
+    ends: Option<Vec<usize>>,
+    rows: usize,
+    /// Rows asked for by `with_capacity`: reserved as values once the first
+    /// row gives the width.
+    expected: usize,
+}
+
+impl RowContainer {
+    fn push_slice(&mut self, row: &[Value]) {
+        match (self.width, &mut self.ends) {
+            (_, Some(ends)) => {
+                self.values.extend_from_slice(row);
+                ends.push(self.values.len());
+            }
+            (None, None) => {
+                self.width = Some(row.len());
+                self.values.reserve_exact(self.expected.max(1) * row.len());
+                self.values.extend_from_slice(row);
+            }
+            (Some(w), None) if w == row.len() => self.values.extend_from_slice(row),
+            (Some(w), None) => {
+                // Widths differ: from here on, each row's end is kept.
+                let mut ends: Vec<usize> = (1..=self.rows).map(|i| i * w).collect();
+                self.values.extend_from_slice(row);
+                ends.push(self.values.len());
+                self.ends = Some(ends);
+            }
+        }
+        self.rows += 1;
+    }
+}
+
+impl Default for RowContainer {
+    fn default() -> Self {
+        Self::with_capacity(0)
+    }
+}
+
+impl PushInto<Row> for RowContainer {
+    fn push_into(&mut self, row: Row) {
+        self.push_slice(&row);
+    }
+}
+
+impl PushInto<&Row> for RowContainer {
+    fn push_into(&mut self, row: &Row) {
+        self.push_slice(row);
+    }
+}
+
+impl BatchContainer for RowContainer {
+    type Owned = Row;
+    type ReadItem<'a> = RowRef<'a>;
+
+    fn into_owned<'a>(item: RowRef<'a>) -> Row {
+        item.to_row()
+    }
+    fn clone_onto<'a>(item: RowRef<'a>, other: &mut Row) {
+        other.clear();
+        other.extend(item.0.iter().cloned());
+    }
+    fn push_ref(&mut self, item: RowRef<'_>) {
+        self.push_slice(item.0);
+    }
+    fn push_own(&mut self, item: &Row) {
+        self.push_slice(item);
+    }
+    fn clear(&mut self) {
+        self.values.clear();
+        self.width = None;
+        self.ends = None;
+        self.rows = 0;
+    }
+    fn with_capacity(size: usize) -> Self {
+        RowContainer { values: Vec::new(), width: None, ends: None, rows: 0, expected: size }
+    }
+    fn merge_capacity(a: &Self, b: &Self) -> Self {
+        RowContainer { values: Vec::with_capacity(a.values.len() + b.values.len()), width: None, ends: None, rows: 0, expected: a.rows + b.rows }
+    }
+    fn reborrow<'b, 'a: 'b>(item: RowRef<'a>) -> RowRef<'b> {
+        item
+    }
+    fn index(&self, index: usize) -> RowRef<'_> {
+        match (&self.ends, self.width) {
+            (Some(ends), _) => RowRef(&self.values[if index == 0 { 0 } else { ends[index - 1] }..ends[index]]),
+            (None, Some(w)) => {
+                assert!(index < self.rows, "row {index} of {}", self.rows);
+                RowRef(&self.values[index * w..(index + 1) * w])
+            }
+            (None, None) => panic!("row {index} of an empty container"),
+        }
+    }
+    fn len(&self) -> usize {
+        self.rows
+    }
+}
+
+/// A batch layout: keys and values as rows end to end.
+type ValLayout<T> = (RowContainer, RowContainer, Vec<T>, Vec<isize>, OffsetList);
+/// A batch layout of keys alone.
+type KeyLayout<T> = (RowContainer, Vec<()>, Vec<T>, Vec<isize>, OffsetList);
+
+pub type RowValSpine<T> = Spine<Rc<OrdValBatch<ValLayout<T>>>>;
+pub type RowValBuilder<T> = OrdValBuilder<ValLayout<T>, Vec<((Row, Row), T, isize)>>;
+pub type RowValBatcher<T> = MergeBatcher<ContainerChunker<Vec<((Row, Row), T, isize)>>, VecMerger<(Row, Row), T, isize>, RowValBuilder<T>>;
+pub type RowKeySpine<T> = Spine<Rc<OrdKeyBatch<KeyLayout<T>>>>;
+pub type RowKeyBuilder<T> = OrdKeyBuilder<KeyLayout<T>, Vec<((Row, ()), T, isize)>>;
+pub type RowKeyBatcher<T> = MergeBatcher<ContainerChunker<Vec<((Row, ()), T, isize)>>, VecMerger<(Row, ()), T, isize>, RowKeyBuilder<T>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(vs: &[i64]) -> Row {
+        vs.iter().map(|v| Value::Int(*v)).collect()
+    }
+
+    #[test]
+    fn rows_of_one_width_are_read_back_as_pushed() {
+        let mut c = RowContainer::with_capacity(3);
+        for r in [row(&[1, 2]), row(&[3, 4]), row(&[5, 6])] {
+            c.push_own(&r);
+        }
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.index(1).to_row(), row(&[3, 4]));
+        assert_eq!(c.values.capacity(), 6, "reserved for three rows of two once the width was known");
+    }
+
+    #[test]
+    fn rows_of_another_width_switch_to_ends_and_read_back_right() {
+        let mut c = RowContainer::default();
+        for r in [row(&[1, 2]), row(&[3, 4]), row(&[5]), row(&[]), row(&[6, 7, 8])] {
+            c.push_own(&r);
+        }
+        let read: Vec<Row> = (0..c.len()).map(|i| c.index(i).to_row()).collect();
+        assert_eq!(read, vec![row(&[1, 2]), row(&[3, 4]), row(&[5]), row(&[]), row(&[6, 7, 8])]);
+    }
+
+    #[test]
+    fn empty_rows_are_counted_not_lost() {
+        let mut c = RowContainer::default();
+        c.push_own(&row(&[]));
+        c.push_own(&row(&[]));
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.index(1).0, &[] as &[Value]);
+        c.clear();
+        assert!(c.is_empty());
+        c.push_own(&row(&[9]));
+        assert_eq!(c.index(0).to_row(), row(&[9]));
+    }
+
+    #[test]
+    fn a_row_ref_orders_as_its_row_does() {
+        let (a, b) = (row(&[1, 5]), row(&[2]));
+        assert_eq!(RowRef(&a).cmp(&RowRef(&b)), a.cmp(&b));
+        assert!(RowRef(&a) == &a);
+    }
+}
