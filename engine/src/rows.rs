@@ -52,10 +52,10 @@ impl<'b> PartialEq<&'b Row> for RowRef<'_> {
 /// pushed had the same width; once one does not, `ends` says where each ends.
 pub struct RowContainer {
     values: Vec<Value>,
-    /// The width of every row, while they all have one (`None` before the first).
-    width: Option<usize>,
-    /// Where each row ends in `values`, once widths differ.
-    ends: Option<Vec<usize>>,
+    /// The width of every row, while they all have one (from the first row).
+    width: usize,
+    /// Where each row ends in `values`; empty while all rows have one width.
+    ends: Vec<usize>,
     rows: usize,
     /// Rows asked for by `with_capacity`: reserved as values once the first
     /// row gives the width.
@@ -63,25 +63,18 @@ pub struct RowContainer {
 }
 
 impl RowContainer {
-    fn push_slice(&mut self, row: &[Value]) {
-        match (self.width, &mut self.ends) {
-            (_, Some(ends)) => {
-                self.values.extend_from_slice(row);
-                ends.push(self.values.len());
-            }
-            (None, None) => {
-                self.width = Some(row.len());
-                self.values.reserve_exact(self.expected.max(1) * row.len());
-                self.values.extend_from_slice(row);
-            }
-            (Some(w), None) if w == row.len() => self.values.extend_from_slice(row),
-            (Some(w), None) => {
-                // Widths differ: from here on, each row's end is kept.
-                let mut ends: Vec<usize> = (1..=self.rows).map(|i| i * w).collect();
-                self.values.extend_from_slice(row);
-                ends.push(self.values.len());
-                self.ends = Some(ends);
-            }
+    /// Appends a row, taking its values (a moved value is not counted again).
+    fn push_values(&mut self, len: usize, values: impl IntoIterator<Item = Value>) {
+        if self.rows == 0 {
+            self.width = len;
+            self.values.reserve_exact(self.expected.max(1) * len);
+        } else if self.ends.is_empty() && len != self.width {
+            // Widths differ: from here on, each row's end is kept.
+            self.ends = (1..=self.rows).map(|i| i * self.width).collect();
+        }
+        self.values.extend(values);
+        if !self.ends.is_empty() || len != self.width {
+            self.ends.push(self.values.len());
         }
         self.rows += 1;
     }
@@ -95,13 +88,13 @@ impl Default for RowContainer {
 
 impl PushInto<Row> for RowContainer {
     fn push_into(&mut self, row: Row) {
-        self.push_slice(&row);
+        self.push_values(row.len(), row);
     }
 }
 
 impl PushInto<&Row> for RowContainer {
     fn push_into(&mut self, row: &Row) {
-        self.push_slice(row);
+        self.push_values(row.len(), row.iter().cloned());
     }
 }
 
@@ -117,34 +110,33 @@ impl BatchContainer for RowContainer {
         other.extend(item.0.iter().cloned());
     }
     fn push_ref(&mut self, item: RowRef<'_>) {
-        self.push_slice(item.0);
+        self.push_values(item.0.len(), item.0.iter().cloned());
     }
     fn push_own(&mut self, item: &Row) {
-        self.push_slice(item);
+        self.push_values(item.len(), item.iter().cloned());
     }
     fn clear(&mut self) {
         self.values.clear();
-        self.width = None;
-        self.ends = None;
+        self.ends.clear();
         self.rows = 0;
     }
     fn with_capacity(size: usize) -> Self {
-        RowContainer { values: Vec::new(), width: None, ends: None, rows: 0, expected: size }
+        RowContainer { values: Vec::new(), width: 0, ends: Vec::new(), rows: 0, expected: size }
     }
     fn merge_capacity(a: &Self, b: &Self) -> Self {
-        RowContainer { values: Vec::with_capacity(a.values.len() + b.values.len()), width: None, ends: None, rows: 0, expected: a.rows + b.rows }
+        RowContainer { values: Vec::with_capacity(a.values.len() + b.values.len()), width: 0, ends: Vec::new(), rows: 0, expected: a.rows + b.rows }
     }
     fn reborrow<'b, 'a: 'b>(item: RowRef<'a>) -> RowRef<'b> {
         item
     }
+    #[inline]
     fn index(&self, index: usize) -> RowRef<'_> {
-        match (&self.ends, self.width) {
-            (Some(ends), _) => RowRef(&self.values[if index == 0 { 0 } else { ends[index - 1] }..ends[index]]),
-            (None, Some(w)) => {
-                assert!(index < self.rows, "row {index} of {}", self.rows);
-                RowRef(&self.values[index * w..(index + 1) * w])
-            }
-            (None, None) => panic!("row {index} of an empty container"),
+        debug_assert!(index < self.rows, "row {index} of {}", self.rows);
+        if self.ends.is_empty() {
+            let at = index * self.width;
+            RowRef(&self.values[at..at + self.width])
+        } else {
+            RowRef(&self.values[if index == 0 { 0 } else { self.ends[index - 1] }..self.ends[index]])
         }
     }
     fn len(&self) -> usize {
