@@ -78,7 +78,10 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     /// the rest of those still read after it: [`layouts`]), so what the
     /// operator arranges holds each value once and nothing no later step
     /// reads; between operators it streams as a full row (nothing holds it).
-    fn rule(&mut self, plan: &Rc<RulePlan>) -> Coll<'s, T> {
+    /// `set_bindings`: the bindings of an aggregate rule are known to be a
+    /// set ([`aggregate_bindings_are_set`]), so they are aggregated as they
+    /// are, not deduplicated first.
+    fn rule(&mut self, plan: &Rc<RulePlan>, set_bindings: bool) -> Coll<'s, T> {
         let nvars = plan.nvars;
         let aggregate = plan.has_aggregate();
         let segments = segments(&plan.steps);
@@ -151,7 +154,8 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         // Aggregates range over the distinct bindings of the body.
         let (p1, p2, p3) = (plan.clone(), plan.clone(), plan.clone());
         let name = format!("Bindings of rule {} (aggregated)", plan.rule);
-        let groups = distinct_arranged(b, &name).as_collection(|row: RowRef, _| row.to_row()).flat_map(move |row| p1.group_and_args(&row));
+        let bindings = if set_bindings { b } else { distinct_arranged(b, &name).as_collection(|row: RowRef, _| row.to_row()) };
+        let groups = bindings.flat_map(move |row| p1.group_and_args(&row));
         arrange_pairs(groups, &format!("Arrange Aggregate of rule {}", plan.rule))
             .reduce_abelian::<_, RowValBuilder<T>, RowValSpine<T>, _, _>(
                 &format!("Aggregate of rule {}", plan.rule),
@@ -358,12 +362,34 @@ fn distinct_arranged<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, name: 
     )
 }
 
+/// The variables a rule's positive atoms and ranges bind, if its bindings
+/// are a set whenever the relations it scans and joins are: every position
+/// of every positive atom is a variable or a constant (no `_`, so a binding
+/// determines the atom rows it came from and each is in its relation once).
+/// Anti-joins, filters and assignments keep a set a set.
+fn set_bindings(plan: &RulePlan, sets: &BTreeSet<RelId>, arity: impl Fn(RelId) -> usize) -> Option<Vec<usize>> {
+    let mut bound = Vec::new();
+    for step in &plan.steps {
+        match step {
+            Step::Join { rel, filter, key, bind } => {
+                let covered = filter.consts.len() + filter.eqs.len() + key.len() + bind.len();
+                if !sets.contains(rel) || covered != arity(*rel) {
+                    return None;
+                }
+                bound.extend(bind.iter().map(|(_, v)| *v));
+            }
+            Step::Range { var, .. } => bound.push(*var),
+            Step::AntiJoin { .. } | Step::Filter { .. } | Step::Assign { .. } => {}
+        }
+    }
+    Some(bound)
+}
+
 /// Whether a rule's head rows are a set whenever the relations it scans and
-/// joins are: every position of every positive atom is a variable or a
-/// constant (no `_`, so a binding determines the atom rows it came from and
-/// each is in its relation once), and the head keeps every variable an atom
-/// or a range binds (assigned ones are functions of the rest), so two
-/// bindings never give one head row. Such a relation needs no `distinct`.
+/// joins are: its bindings are ([`set_bindings`]), and the head keeps every
+/// variable an atom or a range binds (assigned ones are functions of the
+/// rest), so two bindings never give one head row. Such a relation needs no
+/// `distinct`.
 ///
 /// ```text
 /// view_image(n, i, img) :- placed_version(n, i, s, v), template_image(s, v, img).
@@ -371,22 +397,22 @@ fn distinct_arranged<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, name: 
 /// is one (each head row names the one pair of rows behind it); dropping `s`
 /// or `v` from the head would not be.
 fn yields_set(plan: &RulePlan, sets: &BTreeSet<RelId>, arity: impl Fn(RelId) -> usize) -> bool {
-    let mut must_keep = Vec::new();
-    for step in &plan.steps {
-        match step {
-            Step::Join { rel, filter, key, bind } => {
-                let covered = filter.consts.len() + filter.eqs.len() + key.len() + bind.len();
-                if !sets.contains(rel) || covered != arity(*rel) {
-                    return false;
-                }
-                must_keep.extend(bind.iter().map(|(_, v)| *v));
-            }
-            Step::Range { var, .. } => must_keep.push(*var),
-            Step::AntiJoin { .. } | Step::Filter { .. } | Step::Assign { .. } => {}
-        }
-    }
     let kept: Vec<usize> = plan.head_terms.iter().filter_map(|h| if let CHead::Expr(CExpr::Var(v)) = h { Some(*v) } else { None }).collect();
-    !plan.has_aggregate() && must_keep.iter().all(|v| kept.contains(v))
+    !plan.has_aggregate() && set_bindings(plan, sets, arity).is_some_and(|bound| bound.iter().all(|v| kept.contains(v)))
+}
+
+/// Whether an aggregate rule's bindings are a set as they stand, so the
+/// aggregate needs no `distinct` of them: they keep every variable bound
+/// ([`layouts`]), so [`set_bindings`] is all it takes.
+///
+/// ```text
+/// block_queued(s, b, count()) :- queued(_, s, _, b).
+/// ```
+/// is one (in an aggregate rule each `_` binds a hidden variable, so a
+/// binding names the one `queued` row behind it); a rule that reads a
+/// built-in's relation (not known to be a set) is not.
+fn aggregate_bindings_are_set(plan: &RulePlan, sets: &BTreeSet<RelId>, arity: impl Fn(RelId) -> usize) -> bool {
+    plan.has_aggregate() && set_bindings(plan, sets, arity).is_some()
 }
 
 fn tag<'s, T: Timestamp + Lattice + Ord>(rule: usize, rows: Coll<'s, T>) -> Coll<'s, T> {
@@ -630,7 +656,7 @@ pub fn build<'s>(
                 let mut parts = Vec::new();
                 let mut tagged = Vec::new();
                 for p in rules_of(rel) {
-                    let rows = top.rule(p);
+                    let rows = top.rule(p, aggregate_bindings_are_set(p, &sets, arity));
                     if is_output(rel) {
                         tagged.push(tag(p.rule, rows.clone()));
                     }
@@ -674,7 +700,7 @@ pub fn build<'s>(
             }
             let mut results = Vec::new();
             for (rel, var) in vars {
-                let parts: Vec<_> = rules_of(rel).map(|p| scope.rule(p)).collect();
+                let parts: Vec<_> = rules_of(rel).map(|p| scope.rule(p, false)).collect();
                 let name = format!("Distinct {} (recursive)", names[rel]);
                 let next = distinct_arranged(differential_dataflow::collection::concatenate(inner, parts), &name).as_collection(|row: RowRef, _| row.to_row());
                 var.set(next.clone());
@@ -688,7 +714,7 @@ pub fn build<'s>(
         // when r's body matches the fixed point, so evaluate each rule once more
         // over the final relations.
         for &rel in derived.iter().filter(|r| is_output(**r)) {
-            let tagged: Vec<_> = rules_of(rel).map(|p| tag(p.rule, top.rule(p))).collect();
+            let tagged: Vec<_> = rules_of(rel).map(|p| tag(p.rule, top.rule(p, false))).collect();
             attributed.insert(rel, differential_dataflow::collection::concatenate(outer, tagged));
         }
     }
@@ -698,6 +724,34 @@ pub fn build<'s>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which aggregates skip the `distinct` of their bindings: those over
+    /// relations known to be sets, `_` included (it binds a hidden variable).
+    #[test]
+    fn aggregates_over_sets_count_their_bindings_without_deduplicating() {
+        let text = "input a(x: name, y: int) from \"a/{x}\"\ninput b(y: int, z: name) from \"b/{y}/{z}\"\n\
+                    relation per_y(y: int, n: int)\nrelation wild(y: int, n: int)\n\
+                    relation dropped(x: name)\nrelation on_derived(n: int)\n\
+                    per_y(y, count()) :- a(x, y), b(y, z).\n\
+                    wild(y, count()) :- b(y, _).\n\
+                    dropped(x) :- a(x, y), b(y, _).\n\
+                    on_derived(count()) :- dropped(x).\n";
+        let checked = ccattler_parser::check_str("t.rules", text);
+        let program = checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render()));
+        let plans = crate::plan::plan(&program);
+        let inputs: BTreeSet<RelId> = program.inputs().map(|(r, _)| r).collect();
+        let set = |name: &str, sets: &BTreeSet<RelId>| {
+            let rel = program.relation(name).unwrap();
+            plans.iter().filter(|p| p.head == rel).all(|p| aggregate_bindings_are_set(p, sets, |r| program.relations[r].arity()))
+        };
+        assert!(set("per_y", &inputs));
+        assert!(set("wild", &inputs), "`_` binds a hidden variable in an aggregate rule");
+        assert!(!set("dropped", &inputs), "not an aggregate");
+        assert!(!set("on_derived", &inputs), "dropped is not known to be a set");
+        let mut with_dropped = inputs.clone();
+        with_dropped.insert(program.relation("dropped").unwrap());
+        assert!(set("on_derived", &with_dropped));
+    }
 
     /// Which rules skip `distinct`: only those whose head rows name the one
     /// binding, and so the one combination of set rows, behind them.
