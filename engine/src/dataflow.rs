@@ -725,6 +725,15 @@ pub fn build<'s>(
 mod tests {
     use super::*;
 
+    /// A checked program, its plans, and its input relations (known sets).
+    fn planned(text: &str) -> (Program, Vec<RulePlan>, BTreeSet<RelId>) {
+        let checked = ccattler_parser::check_str("t.rules", text);
+        let program = checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render()));
+        let plans = crate::plan::plan(&program);
+        let inputs = program.inputs().map(|(r, _)| r).collect();
+        (program, plans, inputs)
+    }
+
     /// Which aggregates skip the `distinct` of their bindings: those over
     /// relations known to be sets, `_` included (it binds a hidden variable).
     #[test]
@@ -736,10 +745,7 @@ mod tests {
                     wild(y, count()) :- b(y, _).\n\
                     dropped(x) :- a(x, y), b(y, _).\n\
                     on_derived(count()) :- dropped(x).\n";
-        let checked = ccattler_parser::check_str("t.rules", text);
-        let program = checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render()));
-        let plans = crate::plan::plan(&program);
-        let inputs: BTreeSet<RelId> = program.inputs().map(|(r, _)| r).collect();
+        let (program, plans, inputs) = planned(text);
         let set = |name: &str, sets: &BTreeSet<RelId>| {
             let rel = program.relation(name).unwrap();
             plans.iter().filter(|p| p.head == rel).all(|p| aggregate_bindings_are_set(p, sets, |r| program.relations[r].arity()))
@@ -769,10 +775,7 @@ mod tests {
                     counted(x, count()) :- a(x, y), b(y, z).\n\
                     ranged(x, y, i) :- a(x, y), i in 0..y.\n\
                     on_derived(x) :- dropped(x).\n";
-        let checked = ccattler_parser::check_str("t.rules", text);
-        let program = checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render()));
-        let plans = crate::plan::plan(&program);
-        let inputs: BTreeSet<RelId> = program.inputs().map(|(r, _)| r).collect();
+        let (program, plans, inputs) = planned(text);
         let set = |name: &str, sets: &BTreeSet<RelId>| {
             let rel = program.relation(name).unwrap();
             yields_set(plans.iter().find(|p| p.head == rel).unwrap(), sets, |r| program.relations[r].arity())
