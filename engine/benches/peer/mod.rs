@@ -154,7 +154,7 @@ impl Peer {
                 .join_map(ttl.clone(), |&n, &(), &t| (n, t))
                 .concat(keyed_node.clone().antijoin(ttl.map(|(n, _)| n).distinct_total()).map(|(n, ())| (n, 30)));
 
-            // stale(n) :- heartbeat(n, b), clock(c), grace(n, g), max(c - b - g, b - c) > 0.
+            // stale(n) :- heartbeat(n, b), grace(n, g), clock(c), max(c - b - g, b - c) > 0.
             let stale = heartbeat
                 .clone()
                 .join_map(grace, |&n, &b, &g| ((), (n, b, g)))
