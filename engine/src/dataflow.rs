@@ -153,8 +153,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         }
         // Aggregates range over the distinct bindings of the body.
         let (p1, p2, p3) = (plan.clone(), plan.clone(), plan.clone());
-        let name = format!("Bindings of rule {} (aggregated)", plan.rule);
-        let bindings = if set_bindings { b } else { distinct_arranged(b, &name).as_collection(|row: RowRef, _| row.to_row()) };
+        let bindings = if set_bindings { b } else { rows_of(distinct_arranged(b, &format!("Bindings of rule {} (aggregated)", plan.rule))) };
         let groups = bindings.flat_map(move |row| p1.group_and_args(&row));
         arrange_pairs(groups, &format!("Arrange Aggregate of rule {}", plan.rule))
             .reduce_abelian::<_, RowValBuilder<T>, RowValSpine<T>, _, _>(
@@ -164,10 +163,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                         out.push((aggs, 1));
                     }
                 },
-                |vec, group: RowRef, upds| {
-                    vec.clear();
-                    vec.extend(upds.drain(..).map(|(v, t, r)| ((group.to_row(), v), t, r)));
-                },
+                keyed,
             )
             .as_collection(move |group: RowRef, aggs: RowRef| p3.head_from_group(&group, &aggs))
     }
@@ -346,7 +342,7 @@ pub struct Built<'s> {
 fn distinct_with_trace<'s>(rows: Coll<'s, u64>, name: &str) -> (Coll<'s, u64>, QueryTrace) {
     let arranged = distinct_arranged(rows, name);
     let trace = arranged.trace.clone();
-    (arranged.as_collection(|row: RowRef, _| row.to_row()), trace)
+    (rows_of(arranged), trace)
 }
 
 /// `distinct` as an arrangement of its output, which joins and queries can
@@ -355,11 +351,20 @@ fn distinct_arranged<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, name: 
     arrange_set(rows, &format!("Arrange {name}")).reduce_abelian::<_, RowKeyBuilder<T>, RowKeySpine<T>, _, _>(
         name,
         |_row, _count, out| out.push(((), 1)),
-        |vec, key: RowRef, upds| {
-            vec.clear();
-            vec.extend(upds.drain(..).map(|(v, t, r)| ((key.to_row(), v), t, r)));
-        },
+        keyed,
     )
+}
+
+/// What a `reduce` hands its output builder: each of one key's output
+/// updates, with the key.
+fn keyed<V, T>(out: &mut Vec<((Row, V), T, isize)>, key: RowRef, upds: &mut Vec<(V, T, isize)>) {
+    out.clear();
+    out.extend(upds.drain(..).map(|(v, t, r)| ((key.to_row(), v), t, r)));
+}
+
+/// A set's rows as a collection again.
+fn rows_of<'s, T: Timestamp + Lattice + Ord>(set: SetArr<'s, T>) -> Coll<'s, T> {
+    set.as_collection(|row: RowRef, _| row.to_row())
 }
 
 /// The variables a rule's positive atoms and ranges bind, if its bindings
@@ -702,7 +707,7 @@ pub fn build<'s>(
             for (rel, var) in vars {
                 let parts: Vec<_> = rules_of(rel).map(|p| scope.rule(p, false)).collect();
                 let name = format!("Distinct {} (recursive)", names[rel]);
-                let next = distinct_arranged(differential_dataflow::collection::concatenate(inner, parts), &name).as_collection(|row: RowRef, _| row.to_row());
+                let next = rows_of(distinct_arranged(differential_dataflow::collection::concatenate(inner, parts), &name));
                 var.set(next.clone());
                 results.push((rel, next.leave(outer)));
             }
