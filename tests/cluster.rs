@@ -883,12 +883,25 @@ async fn controller_restarts_never_flip_a_live_node_and_a_silent_one_stays_unrea
     let clock = |mut e: Client| async move { get(&mut e, "status/clock").await.and_then(|v| v.parse::<i64>().ok()).unwrap_or(0) };
     // A node whose agent beat once, at the clock as it is now, and stopped;
     // its `alive` key is kept (as a user keeping its lease alive would).
+    // The beat, TTL and lease go first and the capacity (which makes the node
+    // known) last: put the other way round, the node is first known without
+    // a beat, found unreachable for that, and then briefly ready — and the
+    // wait below could take that first verdict for the stale one.
     let now = clock(etcd.clone()).await;
-    put_facts(&mut etcd, &[("observed/node/silent/cpu", "1000"), ("observed/node/silent/alive", "1"), ("observed/node/silent/ttl", "3")]).await;
-    etcd.put("observed/node/silent/heartbeat", now.to_string(), None).await.unwrap();
-    wait_for("the silent node found unreachable", T, || {
+    let beat = now.to_string();
+    put_facts(
+        &mut etcd,
+        &[
+            ("observed/node/silent/heartbeat", &beat),
+            ("observed/node/silent/ttl", "3"),
+            ("observed/node/silent/alive", "1"),
+            ("observed/node/silent/cpu", "1000"),
+        ],
+    )
+    .await;
+    wait_for("the silent node found unreachable, its beat older than its TTL", T, || {
         let mut e = etcd.clone();
-        async move { get(&mut e, "effective/node/silent/state").await.as_deref() == Some("unreachable") }
+        async move { clock(e.clone()).await > now + 3 && get(&mut e, "effective/node/silent/state").await.as_deref() == Some("unreachable") }
     })
     .await;
     // Every state any node is given from here on.
