@@ -24,7 +24,8 @@
 //! Reported per run: put → `effective/service/S/instances` committed p50 /
 //! p99 / max, the controller's watch lag (etcd's head revision − the revision
 //! it applied, sampled every second) p50 / p99 / max, its CPU (cores, over the
-//! load window) and peak RSS, per process.
+//! load window) and peak RSS, per process. `CCATTLER_BENCH_LOG=FILE` keeps the
+//! leading controller's log (`CCATTLER_LOG` sets its level).
 
 #[allow(dead_code)]
 #[path = "../bridge/benches/common/mod.rs"]
@@ -91,6 +92,15 @@ struct Controllers {
     _hosts: Option<PathBuf>,
 }
 
+/// The leading controller's log: to `CCATTLER_BENCH_LOG` if set (with
+/// `CCATTLER_LOG=ccattler_bridge=debug`, each evaluation's time), else dropped.
+fn log_to() -> Stdio {
+    match std::env::var_os("CCATTLER_BENCH_LOG") {
+        Some(path) => std::fs::File::create(&path).map(Stdio::from).unwrap_or_else(|e| panic!("{}: {e}", PathBuf::from(path).display())),
+        None => Stdio::null(),
+    }
+}
+
 impl Controllers {
     fn start(url: &str, processes: usize) -> Controllers {
         let port = free_port();
@@ -101,7 +111,7 @@ impl Controllers {
                 .args(["--listen", &format!("127.0.0.1:{port}"), "--stall-bound", "3600"])
                 .args(extra)
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(log_to())
                 .spawn()
                 .expect("start the controller")
         };

@@ -12,6 +12,12 @@
 //! dataflow of the controller's core (`peer/mod.rs`), on the same cluster
 //! and the same changes, alternating; their outputs are checked equal.
 //!
+//! `-- --stream [--seconds 5]`: a second of the stream a live cluster makes
+//! (`benches/sustained.rs`: every node beats every 10 s, usage every 30 s,
+//! 25 readiness flips and 200 user changes a second) in one pass, as the
+//! controller applies what its watch delivered at once: each kind alone, then
+//! all together, a fresh second each time.
+//!
 //! Reports cold load-and-evaluate time, per-change latency (p50/p99) for four
 //! kinds of change, the from-scratch recomputation time and its ratio to an
 //! incremental change, and peak RSS per fact.
@@ -132,6 +138,10 @@ fn main() {
     if let Some(list) = synth::arg::<String>("--unrelated") {
         let ns: Vec<usize> = list.split(',').map(|n| n.trim().parse().expect("--unrelated N,N,…")).collect();
         unrelated(&p, &rules, &ns, changes, workers);
+        return;
+    }
+    if std::env::args().any(|a| a == "--stream") {
+        stream(&p, program, workers, synth::arg("--seconds").unwrap_or(5));
         return;
     }
     if std::env::args().any(|a| a == "--peer") {
@@ -737,4 +747,119 @@ fn versus_peer(p: Params, program: Arc<ccattler_parser::Program>, changes: usize
             medians["cluster clock advanced"].0.as_secs_f64() / medians["empty revision"].0.as_secs_f64(),
         );
     });
+}
+
+/// A second of the sustained stream, by kind, one engine pass each (see the
+/// module comment): where a loaded controller's time goes.
+fn stream(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize, seconds: usize) {
+    let facts = synth::cluster(p);
+    let mut services_on: Vec<Vec<String>> = vec![Vec::new(); p.nodes];
+    let mut instances: Vec<(usize, String)> = Vec::new();
+    for (k, v) in &facts {
+        let Some((n, field)) = k.strip_prefix("observed/node/node-").and_then(|r| r.split_once('/')) else { continue };
+        if let (Some(inst), Ok(n)) = (field.strip_prefix("instance/").and_then(|f| f.strip_suffix("/service")), n.parse::<usize>()) {
+            if !services_on[n].contains(v) {
+                services_on[n].push(v.clone());
+            }
+            instances.push((n, inst.to_string()));
+        }
+    }
+    let writes: Vec<Write> = facts.into_iter().map(|(k, v)| (k, Some(v))).collect();
+    println!("cluster: {p:?}, {} input facts, {workers} worker(s)", writes.len());
+    let t = Instant::now();
+    let mut session = Session::new(program, workers).expect("engine");
+    session.write(&writes).expect("cold load");
+    println!("cold load+evaluate: {:.2} s", t.elapsed().as_secs_f64());
+    drop(writes);
+    ccattler_engine::arrangements::profile_from_now();
+    let mut clock = synth::SYNTH_CLOCK;
+    let (mut next_node, mut rng) = (0usize, 0x9e37_79b9_7f4a_7c15u64);
+    let mut below = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n.max(1) as u64) as usize
+    };
+    let mut unready = std::collections::BTreeSet::new();
+    let mut up = vec![false; p.services];
+    let mut user = 0usize;
+    // One second's writes of one kind.
+    let mut second = |kind: &str, clock: i64| -> Vec<Write> {
+        let mut w: Vec<Write> = Vec::new();
+        match kind {
+            "heartbeats" => {
+                for _ in 0..p.nodes / 10 {
+                    next_node = (next_node + 1) % p.nodes;
+                    w.push((format!("observed/node/node-{next_node}/heartbeat"), Some(clock.to_string())));
+                }
+            }
+            "usage" => {
+                for _ in 0..p.nodes / 30 {
+                    let n = below(p.nodes);
+                    let Some(s) = services_on[n].get(below(services_on[n].len())) else { continue };
+                    let field = if below(2) == 0 { "cpu" } else { "memory" };
+                    w.push((format!("observed/node/node-{n}/usage/{s}/{field}"), Some((100 + below(400)).to_string())));
+                }
+            }
+            "readiness flips" => {
+                for _ in 0..25 {
+                    let i = below(instances.len());
+                    let (n, inst) = &instances[i];
+                    let state = if unready.insert(i) { "unhealthy" } else { "healthy" };
+                    if state == "healthy" {
+                        unready.remove(&i);
+                    }
+                    w.push((format!("observed/node/node-{n}/instance/{inst}/health"), Some(state.into())));
+                    w.push((format!("observed/node/node-{n}/probe_state/{inst}/readiness"), Some(state.into())));
+                }
+            }
+            _ => {
+                for _ in 0..200 {
+                    user = (user + 1) % p.services;
+                    up[user] = !up[user];
+                    let want = synth::instances_of(p, user) + usize::from(up[user]);
+                    w.push((format!("intent/user/service/{}/instances", synth::service_name(user)), Some(want.to_string())));
+                }
+            }
+        }
+        w
+    };
+    println!("{:<26} {:>8} {:>12} {:>12} {:>14} {:>8}", "one second of", "writes", "pass p50", "pass max", "per write p50", "rounds");
+    let only: Option<String> = synth::arg("--kinds");
+    let kinds = ["clock tick", "heartbeats", "usage", "readiness flips", "user changes", "all together"];
+    for kind in kinds.into_iter().filter(|k| only.as_ref().is_none_or(|o| o.split(',').any(|o| o == *k))) {
+        let (mut times, mut rounds) = (Vec::new(), Vec::new());
+        let mut n = 0;
+        for _ in 0..seconds {
+            clock += 1;
+            let mut w: Vec<Write> = vec![("status/clock".to_string(), Some(clock.to_string()))];
+            let kinds: &[&str] = match kind {
+                "clock tick" => &[],
+                "all together" => &["heartbeats", "usage", "readiness flips", "user changes"],
+                k => std::slice::from_ref(match k {
+                    "heartbeats" => &"heartbeats",
+                    "usage" => &"usage",
+                    "readiness flips" => &"readiness flips",
+                    _ => &"user changes",
+                }),
+            };
+            for k in kinds {
+                w.extend(second(k, clock));
+            }
+            n = w.len();
+            let t = Instant::now();
+            session.write(&w).expect("a second of the stream");
+            times.push(t.elapsed());
+            rounds.push(session.last_rounds);
+        }
+        times.sort();
+        rounds.sort();
+        println!(
+            "{kind:<26} {n:>8} {:>12} {:>12} {:>14} {:>8}",
+            ms(pct(&times, 0.5)),
+            ms(*times.last().unwrap()),
+            format!("{:.1} µs", pct(&times, 0.5).as_secs_f64() * 1e6 / n as f64),
+            rounds[rounds.len() / 2]
+        );
+    }
 }

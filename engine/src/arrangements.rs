@@ -2,18 +2,38 @@
 //! with `CCATTLER_ENGINE_ARRANGEMENTS=1` (no other value), every worker tallies the updates
 //! each arrangement operator holds (batches in, merges and drops out, from
 //! differential's own log) and prints them, largest first, when it stops.
+//!
+//! Where its time goes: with `CCATTLER_ENGINE_PROFILE=1`, every worker adds
+//! up the time each operator runs (its own, not its children's), from when
+//! [`profile_from_now`] is called, and prints the operators, longest first,
+//! when it stops.
 
 use differential_dataflow::logging::{DifferentialEvent, DifferentialEventBuilder};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
-use timely::logging::{TimelyEvent, TimelyEventBuilder};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use timely::logging::{StartStop, TimelyEvent, TimelyEventBuilder};
 
-/// Operator names by id, and the updates each arrangement operator holds.
+/// Whether workers add up operator time (set by [`profile_from_now`]).
+static PROFILING: AtomicBool = AtomicBool::new(false);
+
+/// Starts counting operator time (with `CCATTLER_ENGINE_PROFILE=1`): call
+/// after what is not to be counted (a cold load) has run.
+pub fn profile_from_now() {
+    PROFILING.store(true, Ordering::Relaxed);
+}
+
+/// Operator names by id, the updates each arrangement operator holds, and
+/// the time each operator ran (its own) and how often.
 #[derive(Default)]
 struct Counts {
     names: HashMap<usize, String>,
     held: HashMap<usize, i64>,
+    ran: HashMap<usize, (Duration, u64)>,
+    /// Operators running now, outermost first: (id, since, children's time).
+    running: Vec<(usize, Duration, Duration)>,
 }
 
 /// A worker's tally; prints on drop.
@@ -25,16 +45,37 @@ pub struct Tally {
 /// Starts tallying on this worker if `CCATTLER_ENGINE_ARRANGEMENTS` is set.
 /// Call before building dataflows: operators take their loggers when built.
 pub fn track(worker: &mut timely::worker::Worker) -> Option<Tally> {
-    if !wanted(std::env::var_os("CCATTLER_ENGINE_ARRANGEMENTS").as_deref()) {
+    let held = wanted(std::env::var_os("CCATTLER_ENGINE_ARRANGEMENTS").as_deref());
+    let time = wanted(std::env::var_os("CCATTLER_ENGINE_PROFILE").as_deref());
+    if !held && !time {
         return None;
     }
     let counts: Rc<RefCell<Counts>> = Rc::default();
     let mut register = worker.log_register()?;
     let c = counts.clone();
-    register.insert::<TimelyEventBuilder, _>("timely", move |_time, data: &mut Option<Vec<(std::time::Duration, TimelyEvent)>>| {
-        for (_, event) in data.iter().flatten() {
-            if let TimelyEvent::Operates(op) = event {
-                c.borrow_mut().names.insert(op.id, op.name.clone());
+    register.insert::<TimelyEventBuilder, _>("timely", move |_time, data: &mut Option<Vec<(Duration, TimelyEvent)>>| {
+        let mut c = c.borrow_mut();
+        for (at, event) in data.iter().flatten() {
+            match event {
+                TimelyEvent::Operates(op) => {
+                    c.names.insert(op.id, op.name.clone());
+                }
+                TimelyEvent::Schedule(s) if time => match s.start_stop {
+                    StartStop::Start => c.running.push((s.id, *at, Duration::ZERO)),
+                    StartStop::Stop => {
+                        let Some((id, since, children)) = c.running.pop() else { continue };
+                        let took = at.saturating_sub(since);
+                        if let Some(parent) = c.running.last_mut() {
+                            parent.2 += took;
+                        }
+                        if PROFILING.load(Ordering::Relaxed) {
+                            let e = c.ran.entry(id).or_default();
+                            e.0 += took.saturating_sub(children);
+                            e.1 += 1;
+                        }
+                    }
+                },
+                _ => {}
             }
         }
     });
@@ -58,6 +99,24 @@ pub fn track(worker: &mut timely::worker::Worker) -> Option<Tally> {
     Some(Tally { worker: worker.index(), counts })
 }
 
+impl Counts {
+    /// An operator's name; one of differential's or timely's own (`Join`,
+    /// `FlatMap`, …) with the name of the nearest operator built before it
+    /// that has one of ours (`Bindings of rule N (file:line) into …`): the
+    /// rule it was built for.
+    fn described(&self, op: usize) -> String {
+        let name = self.names.get(&op).map_or("?", String::as_str);
+        if name.contains(' ') {
+            return name.to_string();
+        }
+        let ours = (0..op).rev().find_map(|id| self.names.get(&id).filter(|n| n.contains("rule ")));
+        match ours {
+            Some(near) => format!("{name} after {near}"),
+            None => name.to_string(),
+        }
+    }
+}
+
 /// Whether the variable's value asks for the tally: `1`, nothing else.
 fn wanted(value: Option<&std::ffi::OsStr>) -> bool {
     value.is_some_and(|v| v == "1")
@@ -66,6 +125,25 @@ fn wanted(value: Option<&std::ffi::OsStr>) -> bool {
 impl Drop for Tally {
     fn drop(&mut self) {
         let c = self.counts.borrow();
+        if !c.ran.is_empty() {
+            let mut by_name: HashMap<String, (Duration, u64, usize)> = HashMap::new();
+            for (op, (took, times)) in &c.ran {
+                let e = by_name.entry(c.described(*op)).or_default();
+                e.0 += *took;
+                e.1 += times;
+                e.2 += 1;
+            }
+            let mut rows: Vec<_> = by_name.into_iter().collect();
+            rows.sort_by(|(a, (x, ..)), (b, (y, ..))| y.cmp(x).then_with(|| a.cmp(b)));
+            let total: Duration = rows.iter().map(|(_, (took, ..))| *took).sum();
+            eprintln!("operator time, worker {}: {:.3} s in {} operators", self.worker, total.as_secs_f64(), c.ran.len());
+            for (name, (took, times, ops)) in rows.iter().take(60) {
+                eprintln!("  {:>9.3} s {times:>9} runs {ops:>4}× {name}", took.as_secs_f64());
+            }
+        }
+        if c.held.is_empty() {
+            return;
+        }
         let mut by_name: HashMap<&str, (i64, usize)> = HashMap::new();
         for (op, n) in &c.held {
             let name = c.names.get(op).map(String::as_str).unwrap_or("?");

@@ -116,7 +116,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     debug_assert!(bind.iter().all(|(pos, _)| !key_pos.contains(pos)));
                     let bind: Vec<(usize, usize)> = bind.iter().map(|(pos, var)| (pos - key_pos.iter().filter(|k| *k < pos).count(), *var)).collect();
                     let s = split.clone();
-                    let left = format!("Bindings of rule {} into {}", plan.rule, self.names[*rel]);
+                    let left = format!("Bindings of {} into {}", plan.label, self.names[*rel]);
                     arrange_pairs(b.map(move |row| s.split(row)), &left).join_core(arr, move |k: RowRef, rest: RowRef, fact_rest: RowRef| {
                         let mut out = split.join(nvars, k.0, rest.0);
                         for (at, var) in &bind {
@@ -134,7 +134,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                     // b ▷ present = b − (b ⋈ present), joined against the
                     // arrangement `distinct` already built.
                     let left = b.map(move |row| s.split(row));
-                    let name = format!("Bindings of rule {} against {}", plan.rule, self.names[*rel]);
+                    let name = format!("Bindings of {} against {}", plan.label, self.names[*rel]);
                     let matched = arrange_pairs(left.clone(), &name).join_core(present, |k: RowRef, v: RowRef, _| Some((k.to_row(), v.to_row())));
                     left.concat(matched.negate()).flat_map(move |(k, rest)| finish.run(split.join(nvars, &k, &rest)))
                 }
@@ -153,11 +153,11 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         }
         // Aggregates range over the distinct bindings of the body.
         let (p1, p2, p3) = (plan.clone(), plan.clone(), plan.clone());
-        let bindings = if set_bindings { b } else { rows_of(distinct_arranged(b, &format!("Bindings of rule {} (aggregated)", plan.rule))) };
+        let bindings = if set_bindings { b } else { rows_of(distinct_arranged(b, &format!("Bindings of {} (aggregated)", plan.label))) };
         let groups = bindings.flat_map(move |row| p1.group_and_args(&row));
-        arrange_pairs(groups, &format!("Arrange Aggregate of rule {}", plan.rule))
+        arrange_pairs(groups, &format!("Arrange Aggregate of {}", plan.label))
             .reduce_abelian::<_, RowValBuilder<T>, RowValSpine<T>, _, _>(
-                &format!("Aggregate of rule {}", plan.rule),
+                &format!("Aggregate of {}", plan.label),
                 move |_group, input: &[(RowRef, isize)], out: &mut Vec<(Row, isize)>| {
                     if let Some(aggs) = p2.aggregate(input) {
                         out.push((aggs, 1));

@@ -5,7 +5,7 @@
 //! [`runtime`] (worker threads behind the [`Engine`] handle). [`facts`] maps etcd
 //! keys and values to input tuples and output tuples back to keys.
 
-mod arrangements;
+pub mod arrangements;
 pub mod builtin;
 pub mod cluster;
 pub mod cowmap;

@@ -196,6 +196,8 @@ pub enum CHead {
 #[derive(Clone, Debug)]
 pub struct RulePlan {
     pub rule: usize,
+    /// `rule N (file.rules:LINE)`: how operators built for it are named.
+    pub label: std::rc::Rc<str>,
     pub head: RelId,
     pub nvars: usize,
     pub steps: Vec<Step>,
@@ -288,10 +290,10 @@ impl RulePlan {
 
 /// Lowers every rule of a checked program.
 pub fn plan(program: &Program) -> Vec<RulePlan> {
-    program.rules.iter().map(plan_rule).collect()
+    program.rules.iter().map(|r| plan_rule(r, format!("rule {} ({})", r.id, program.rule_location(r.id)).into())).collect()
 }
 
-fn plan_rule(rule: &program::Rule) -> RulePlan {
+fn plan_rule(rule: &program::Rule, label: std::rc::Rc<str>) -> RulePlan {
     let mut bound = vec![false; rule.vars.len()];
     let mut steps = Vec::new();
     for lit in &rule.body {
@@ -329,7 +331,7 @@ fn plan_rule(rule: &program::Rule) -> RulePlan {
             HeadTerm::Agg(k, es) => CHead::Agg(*k, es.iter().map(CExpr::lower).collect()),
         })
         .collect();
-    RulePlan { rule: rule.id, head: rule.head, nvars: rule.vars.len(), steps, head_terms }
+    RulePlan { rule: rule.id, label, head: rule.head, nvars: rule.vars.len(), steps, head_terms }
 }
 
 type Shape = (AtomFilter, Vec<(usize, usize)>, Vec<(usize, usize)>);
