@@ -136,12 +136,7 @@ impl Metrics {
                 *nodes.entry(v.clone()).or_default() += 1;
             }
         }
-        let mut instances: BTreeMap<String, i64> = BTreeMap::new();
-        for (k, _) in under("effective/instance/").filter(|(k, _)| k.ends_with("/service")) {
-            let i = &k["effective/instance/".len()..k.len() - "/service".len()];
-            let state = resolved.get(&format!("effective/instance/{i}/state")).cloned().unwrap_or_else(|| "pending".into());
-            *instances.entry(state).or_default() += 1;
-        }
+        let instances = instance_states(under("effective/instance/"));
         let mut rollouts: BTreeMap<String, i64> = BTreeMap::new();
         for (k, v) in under("status/rollout/").filter(|(k, _)| k.ends_with("/state")) {
             let _ = k;
@@ -202,5 +197,62 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Instances by state from the derived keys under `effective/instance/`, in
+/// order: each with a `service` key counts, by its `state` or as pending
+/// without one. An instance's keys lie together (`effective/instance/I/…`,
+/// no name holds a `/`), so one walk counts them — not a lookup per
+/// instance, 150,000 of them every 2 s.
+fn instance_states<'a>(keys: impl Iterator<Item = (&'a String, &'a String)>) -> std::collections::BTreeMap<String, i64> {
+    let mut by_state = std::collections::BTreeMap::new();
+    let mut count = |instance: Option<(&str, bool, Option<&str>)>| {
+        if let Some((_, true, state)) = instance {
+            *by_state.entry(state.unwrap_or("pending").to_string()).or_default() += 1;
+        }
+    };
+    let mut current: Option<(&str, bool, Option<&str>)> = None;
+    for (k, v) in keys {
+        let Some((i, field)) = k.strip_prefix("effective/instance/").and_then(|r| r.split_once('/')) else { continue };
+        if current.is_none_or(|(c, ..)| c != i) {
+            count(current.take());
+            current = Some((i, false, None));
+        }
+        let c = current.as_mut().expect("just set");
+        match field {
+            "service" => c.1 = true,
+            "state" => c.2 = Some(v),
+            _ => {}
+        }
+    }
+    count(current);
+    by_state
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instance_states;
+
+    #[test]
+    fn instances_are_counted_by_state_in_one_walk_a_prefix_of_another_name_included() {
+        let keys: std::collections::BTreeMap<String, String> = [
+            ("effective/instance/a-1/service", "a"),
+            ("effective/instance/a-1/state", "running"),
+            ("effective/instance/a/service", "a"),
+            ("effective/instance/a/node", "n1"),
+            ("effective/instance/a/state", "crashed"),
+            ("effective/instance/b/service", "b"),
+            // No service: not an instance the rules made (counted by none).
+            ("effective/instance/c/state", "running"),
+            ("effective/instance/d/service", "d"),
+            ("effective/instance/d/state", "running"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let counted = instance_states(keys.iter());
+        let want: Vec<(String, i64)> = vec![("crashed".into(), 1), ("pending".into(), 1), ("running".into(), 2)];
+        assert_eq!(counted.into_iter().collect::<Vec<_>>(), want);
     }
 }
