@@ -460,9 +460,9 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
     // The leadership (its fence) under which the program was published.
     let mut published: Option<i64> = None;
     // When the cluster gauges were last recounted (a walk of the derived keys).
-    let mut cluster_counted = Instant::now().checked_sub(CLUSTER_METRICS_EVERY).unwrap_or_else(Instant::now);
+    let mut cluster_counted = Recount::every(CLUSTER_METRICS_EVERY);
     // … and the console's tables.
-    let mut console = ConsoleClock::default();
+    let mut console = Recount::every(crate::console::EVERY);
     // Engines started (a group's starts once: its processes connect once).
     let mut engines = 0;
     // One op of each list is the fence / derived revision.
@@ -701,9 +701,10 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                     shared.metrics.observe(r, head.max(r.revision()));
                     shared.health.applied(head.max(r.revision()));
-                    if cluster_counted.elapsed() >= CLUSTER_METRICS_EVERY {
+                    if cluster_counted.is_due() {
+                        let t = Instant::now();
                         shared.metrics.observe_cluster(r);
-                        cluster_counted = Instant::now();
+                        cluster_counted.counted(t.elapsed());
                     }
                     console_recount(&shared, r, &mut console);
                     if let Some(why) = broken {
@@ -887,7 +888,8 @@ fn writes_again(nospace_since: &mut Option<Instant>, metrics: &Metrics) {
     }
 }
 
-/// How often the cluster gauges (nodes and instances by state, …) are recounted.
+/// How often the cluster gauges (nodes and instances by state, …) are recounted
+/// (at most: longer when counting takes long, see [`Recount`]).
 const CLUSTER_METRICS_EVERY: Duration = Duration::from_secs(2);
 
 /// How often etcd's alarm list is read while it is out of space.
@@ -1188,34 +1190,45 @@ async fn sleep_or_stop(d: Duration, stop: &mut tokio::sync::watch::Receiver<bool
     }
 }
 
-/// When the console's tables were last counted, and how long to wait
-/// before the next.
-struct ConsoleClock {
+/// When something the loop recounts from scratch (the console's tables, the
+/// cluster's gauges) was last counted, and how long to wait before the next:
+/// its period, or longer when counting took long, so that recounting takes at
+/// most a tenth of the loop (walking 150,000 instances' keys takes ~0.1 s).
+struct Recount {
     counted: Option<Instant>,
+    every: Duration,
     period: Duration,
 }
 
-impl Default for ConsoleClock {
-    fn default() -> Self {
-        ConsoleClock { counted: None, period: crate::console::EVERY }
+impl Recount {
+    fn every(every: Duration) -> Recount {
+        Recount { counted: None, every, period: every }
+    }
+
+    fn is_due(&self) -> bool {
+        self.counted.is_none_or(|t| t.elapsed() >= self.period)
+    }
+
+    /// Counted now, in `took`.
+    fn counted(&mut self, took: Duration) {
+        self.period = self.every.max(took * crate::console::LOOP_SHARE_INVERSE);
+        self.counted = Some(Instant::now());
     }
 }
 
 /// The console's tables, if it is on, behind the reconciler and due: the loop
 /// copies what they read and a blocking thread counts them; the copy's own
 /// cost spaces the next one (at most a tenth of the loop).
-fn console_recount(shared: &Shared, r: &Reconciler, clock: &mut ConsoleClock) {
+fn console_recount(shared: &Shared, r: &Reconciler, clock: &mut Recount) {
     use std::sync::atomic::Ordering;
     let Some(console) = shared.console.as_ref() else { return };
-    let due = clock.counted.is_none_or(|t| t.elapsed() >= clock.period);
-    if !due || console.counting.load(Ordering::Acquire) || console.state.borrow().revision >= r.revision() {
+    if !clock.is_due() || console.counting.load(Ordering::Acquire) || console.state.borrow().revision >= r.revision() {
         return;
     }
     let t = Instant::now();
     let copied = crate::console::copy(r);
     console.rules.send_replace(Arc::new(crate::console::rules(r)));
-    clock.period = crate::console::EVERY.max(t.elapsed() * crate::console::LOOP_SHARE_INVERSE);
-    clock.counted = Some(Instant::now());
+    clock.counted(t.elapsed());
     console.counting.store(true, Ordering::Release);
     let console = console.clone();
     tokio::task::spawn_blocking(move || {
