@@ -45,17 +45,6 @@ fn rules() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/rules"))
 }
 
-/// A small xorshift (the bench need not be cryptographic, only varied).
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n.max(1) as u64) as usize
-    }
-}
-
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -96,7 +85,7 @@ struct Controllers {
 /// `CCATTLER_LOG=ccattler_bridge=debug`, each evaluation's time), else dropped.
 fn log_to() -> Stdio {
     match std::env::var_os("CCATTLER_BENCH_LOG") {
-        Some(path) => std::fs::File::create(&path).map(Stdio::from).unwrap_or_else(|e| panic!("{}: {e}", PathBuf::from(path).display())),
+        Some(path) => std::fs::File::create(&path).map(Stdio::from).unwrap_or_else(|e| panic!("CCATTLER_BENCH_LOG={}: {e}", PathBuf::from(path).display())),
         None => Stdio::null(),
     }
 }
@@ -175,26 +164,6 @@ async fn put_all(client: &Client, ops: Vec<Vec<TxnOp>>, at_once: usize) -> usize
     failed
 }
 
-/// What the simulated agents know: each node's services and instances.
-struct Layout {
-    services_on: Vec<Vec<String>>,
-    instances: Vec<(usize, String)>,
-}
-
-fn layout(p: &Params, facts: &[(String, String)]) -> Layout {
-    let mut services_on: Vec<std::collections::BTreeSet<String>> = vec![Default::default(); p.nodes];
-    let mut instances = Vec::new();
-    for (k, v) in facts {
-        let Some(rest) = k.strip_prefix("observed/node/node-") else { continue };
-        let Some((n, field)) = rest.split_once('/') else { continue };
-        if let (Some(inst), Ok(n)) = (field.strip_prefix("instance/").and_then(|f| f.strip_suffix("/service")), n.parse::<usize>()) {
-            services_on[n].insert(v.clone());
-            instances.push((n, inst.to_string()));
-        }
-    }
-    Layout { services_on: services_on.into_iter().map(|s| s.into_iter().collect()).collect(), instances }
-}
-
 struct Outcome {
     latencies_ms: Vec<f64>,
     lags: Vec<f64>,
@@ -205,7 +174,7 @@ struct Outcome {
     failed: usize,
 }
 
-async fn run(p: &Params, etcd: &Etcd, lay: &Layout, processes: usize, window: Duration, changes: f64, flips: f64) -> Outcome {
+async fn run(p: &Params, etcd: &Etcd, lay: &synth::Layout, processes: usize, window: Duration, changes: f64, flips: f64) -> Outcome {
     let mut client = etcd.client().await;
     let t = Instant::now();
     let c = Controllers::start(&etcd.url, processes);
@@ -232,18 +201,15 @@ async fn run(p: &Params, etcd: &Etcd, lay: &Layout, processes: usize, window: Du
             }
         });
     }
-    // The agents' writes, paced in 100 ms slices: `per_second` of what
-    // `next` makes, as single puts (or small txns) with a few in flight.
-    let agents: Vec<(&'static str, f64)> = vec![("heartbeat", p.nodes as f64 / 10.0), ("usage", p.nodes as f64 / 30.0), ("readiness flip", flips)];
-    for (what, per_second) in agents {
+    // The agents' writes, paced in 100 ms slices: `per_second` of the kind
+    // `synth::Agents` makes, as single puts (or small txns) with a few in flight.
+    let kinds: Vec<(&'static str, f64)> = vec![("heartbeat", p.nodes as f64 / 10.0), ("usage", p.nodes as f64 / 30.0), ("readiness flip", flips)];
+    for (what, per_second) in kinds {
         let (stop, clock, writes, failed, cl) = (stop.clone(), clock.clone(), writes.clone(), failed.clone(), client.clone());
-        let services_on = lay.services_on.clone();
-        let instances = lay.instances.clone();
-        let nodes = p.nodes;
+        let lay = lay.clone();
         tasks.spawn(async move {
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ what.len() as u64);
-            let (mut next_node, mut owed) = (0usize, 0.0f64);
-            let mut unready: std::collections::BTreeSet<usize> = Default::default();
+            let mut agents = synth::Agents::new(lay, 0x9e37_79b9_7f4a_7c15 ^ what.len() as u64);
+            let mut owed = 0.0f64;
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             while !stop.load(Ordering::Relaxed) {
                 tick.tick().await;
@@ -251,31 +217,14 @@ async fn run(p: &Params, etcd: &Etcd, lay: &Layout, processes: usize, window: Du
                 let mut ops = Vec::new();
                 while owed >= 1.0 {
                     owed -= 1.0;
+                    let put = |(k, v): (String, String)| TxnOp::put(k, v, None);
                     let op = match what {
-                        "heartbeat" => {
-                            next_node = (next_node + 1) % nodes;
-                            vec![TxnOp::put(format!("observed/node/node-{next_node}/heartbeat"), clock.load(Ordering::Relaxed).to_string(), None)]
-                        }
+                        "heartbeat" => vec![put(agents.beat(clock.load(Ordering::Relaxed)))],
                         "usage" => {
-                            let n = rng.below(nodes);
-                            let Some(s) = services_on[n].get(rng.below(services_on[n].len())) else { continue };
-                            let field = if rng.below(2) == 0 { "cpu" } else { "memory" };
-                            vec![TxnOp::put(format!("observed/node/node-{n}/usage/{s}/{field}"), (100 + rng.below(400)).to_string(), None)]
+                            let Some(usage) = agents.usage() else { continue };
+                            vec![put(usage)]
                         }
-                        _ => {
-                            let i = rng.below(instances.len());
-                            let (n, inst) = &instances[i];
-                            let state = if unready.insert(i) {
-                                "unhealthy"
-                            } else {
-                                unready.remove(&i);
-                                "healthy"
-                            };
-                            vec![
-                                TxnOp::put(format!("observed/node/node-{n}/instance/{inst}/health"), state, None),
-                                TxnOp::put(format!("observed/node/node-{n}/probe_state/{inst}/readiness"), state, None),
-                            ]
-                        }
+                        _ => agents.flip().into_iter().map(put).collect(),
                     };
                     ops.push(op);
                 }
@@ -386,7 +335,7 @@ async fn main() {
     let etcd = Etcd::start();
     let client = etcd.client().await;
     let facts = synth::cluster(&p);
-    let lay = layout(&p, &facts);
+    let lay = synth::layout(p.nodes, &facts);
     let raw = raw_write(&client, &facts).await;
     println!("{} facts loaded ({raw:.0} keys/s)", facts.len());
     drop(facts);

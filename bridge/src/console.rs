@@ -17,8 +17,9 @@ use std::time::Duration;
 /// How often the console's tables are recounted at most.
 pub const EVERY: Duration = Duration::from_secs(1);
 
-/// The loop spends at most this share of its time copying for the console:
-/// a copy that took 50 ms waits at least 50 ms × this before the next.
+/// The loop spends at most this share of its time on what it recounts from
+/// scratch (copying for the console, the cluster gauges: `Recount`): a count
+/// that took 50 ms waits at least 50 ms × this before the next.
 pub const LOOP_SHARE_INVERSE: u32 = 10;
 
 /// What a page shows, at one revision.

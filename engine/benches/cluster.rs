@@ -752,18 +752,11 @@ fn versus_peer(p: Params, program: Arc<ccattler_parser::Program>, changes: usize
 /// A second of the sustained stream, by kind, one engine pass each (see the
 /// module comment): where a loaded controller's time goes.
 fn stream(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize, seconds: usize) {
+    assert!(seconds > 0, "--seconds {seconds}: at least one second of each kind");
+    // A careless --kinds fails before the cold load, not after.
+    let kinds = stream_kinds(synth::arg::<String>("--kinds").as_deref());
     let facts = synth::cluster(p);
-    let mut services_on: Vec<Vec<String>> = vec![Vec::new(); p.nodes];
-    let mut instances: Vec<(usize, String)> = Vec::new();
-    for (k, v) in &facts {
-        let Some((n, field)) = k.strip_prefix("observed/node/node-").and_then(|r| r.split_once('/')) else { continue };
-        if let (Some(inst), Ok(n)) = (field.strip_prefix("instance/").and_then(|f| f.strip_suffix("/service")), n.parse::<usize>()) {
-            if !services_on[n].contains(v) {
-                services_on[n].push(v.clone());
-            }
-            instances.push((n, inst.to_string()));
-        }
-    }
+    let mut agents = synth::Agents::new(synth::layout(p.nodes, &facts), 0x9e37_79b9_7f4a_7c15);
     let writes: Vec<Write> = facts.into_iter().map(|(k, v)| (k, Some(v))).collect();
     println!("cluster: {p:?}, {} input facts, {workers} worker(s)", writes.len());
     let t = Instant::now();
@@ -773,78 +766,38 @@ fn stream(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize, se
     drop(writes);
     ccattler_engine::arrangements::profile_from_now();
     let mut clock = synth::SYNTH_CLOCK;
-    let (mut next_node, mut rng) = (0usize, 0x9e37_79b9_7f4a_7c15u64);
-    let mut below = |n: usize| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng % n.max(1) as u64) as usize
-    };
-    let mut unready = std::collections::BTreeSet::new();
-    let mut up = vec![false; p.services];
-    let mut user = 0usize;
-    // One second's writes of one kind.
+    let (mut up, mut user) = (vec![false; p.services], 0usize);
+    // One second's writes of one kind, as the sustained bench paces them.
     let mut second = |kind: &str, clock: i64| -> Vec<Write> {
-        let mut w: Vec<Write> = Vec::new();
+        let put = |(k, v): (String, String)| (k, Some(v));
         match kind {
-            "heartbeats" => {
-                for _ in 0..p.nodes / 10 {
-                    next_node = (next_node + 1) % p.nodes;
-                    w.push((format!("observed/node/node-{next_node}/heartbeat"), Some(clock.to_string())));
-                }
-            }
-            "usage" => {
-                for _ in 0..p.nodes / 30 {
-                    let n = below(p.nodes);
-                    let Some(s) = services_on[n].get(below(services_on[n].len())) else { continue };
-                    let field = if below(2) == 0 { "cpu" } else { "memory" };
-                    w.push((format!("observed/node/node-{n}/usage/{s}/{field}"), Some((100 + below(400)).to_string())));
-                }
-            }
-            "readiness flips" => {
-                for _ in 0..25 {
-                    let i = below(instances.len());
-                    let (n, inst) = &instances[i];
-                    let state = if unready.insert(i) { "unhealthy" } else { "healthy" };
-                    if state == "healthy" {
-                        unready.remove(&i);
-                    }
-                    w.push((format!("observed/node/node-{n}/instance/{inst}/health"), Some(state.into())));
-                    w.push((format!("observed/node/node-{n}/probe_state/{inst}/readiness"), Some(state.into())));
-                }
-            }
-            _ => {
-                for _ in 0..200 {
+            "heartbeats" => (0..p.nodes / 10).map(|_| put(agents.beat(clock))).collect(),
+            "usage" => (0..p.nodes / 30).filter_map(|_| agents.usage().map(put)).collect(),
+            "readiness flips" => (0..25).flat_map(|_| agents.flip().map(put)).collect(),
+            _ => (0..200)
+                .map(|_| {
                     user = (user + 1) % p.services;
                     up[user] = !up[user];
                     let want = synth::instances_of(p, user) + usize::from(up[user]);
-                    w.push((format!("intent/user/service/{}/instances", synth::service_name(user)), Some(want.to_string())));
-                }
-            }
+                    (format!("intent/user/service/{}/instances", synth::service_name(user)), Some(want.to_string()))
+                })
+                .collect(),
         }
-        w
     };
     println!("{:<26} {:>8} {:>12} {:>12} {:>14} {:>8}", "one second of", "writes", "pass p50", "pass max", "per write p50", "rounds");
-    let only: Option<String> = synth::arg("--kinds");
-    let kinds = ["clock tick", "heartbeats", "usage", "readiness flips", "user changes", "all together"];
-    for kind in kinds.into_iter().filter(|k| only.as_ref().is_none_or(|o| o.split(',').any(|o| o == *k))) {
+    for kind in kinds {
         let (mut times, mut rounds) = (Vec::new(), Vec::new());
         let mut n = 0;
         for _ in 0..seconds {
             clock += 1;
             let mut w: Vec<Write> = vec![("status/clock".to_string(), Some(clock.to_string()))];
-            let kinds: &[&str] = match kind {
+            let parts: &[&str] = match kind {
                 "clock tick" => &[],
                 "all together" => &["heartbeats", "usage", "readiness flips", "user changes"],
-                k => std::slice::from_ref(match k {
-                    "heartbeats" => &"heartbeats",
-                    "usage" => &"usage",
-                    "readiness flips" => &"readiness flips",
-                    _ => &"user changes",
-                }),
+                one => &[one][..],
             };
-            for k in kinds {
-                w.extend(second(k, clock));
+            for part in parts {
+                w.extend(second(part, clock));
             }
             n = w.len();
             let t = Instant::now();
@@ -862,4 +815,15 @@ fn stream(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize, se
             rounds[rounds.len() / 2]
         );
     }
+}
+
+/// The kinds `--kinds a,b` names (all when none is given); an unknown one
+/// stops the bench naming the kinds there are.
+fn stream_kinds(only: Option<&str>) -> Vec<&'static str> {
+    const KINDS: [&str; 6] = ["clock tick", "heartbeats", "usage", "readiness flips", "user changes", "all together"];
+    let Some(only) = only else { return KINDS.to_vec() };
+    for asked in only.split(',') {
+        assert!(KINDS.contains(&asked), "--kinds: no kind {asked:?} (there are {})", KINDS.join(", "));
+    }
+    KINDS.into_iter().filter(|k| only.split(',').any(|o| o == *k)).collect()
 }

@@ -42,7 +42,8 @@ pub struct Tally {
     counts: Rc<RefCell<Counts>>,
 }
 
-/// Starts tallying on this worker if `CCATTLER_ENGINE_ARRANGEMENTS` is set.
+/// Starts tallying on this worker if `CCATTLER_ENGINE_ARRANGEMENTS` or
+/// `CCATTLER_ENGINE_PROFILE` asks for it (differential's log is read for the first only).
 /// Call before building dataflows: operators take their loggers when built.
 pub fn track(worker: &mut timely::worker::Worker) -> Option<Tally> {
     let held = wanted(std::env::var_os("CCATTLER_ENGINE_ARRANGEMENTS").as_deref());
@@ -80,7 +81,11 @@ pub fn track(worker: &mut timely::worker::Worker) -> Option<Tally> {
         }
     });
     let c = counts.clone();
-    register.insert::<DifferentialEventBuilder, _>("differential/arrange", move |_time, data: &mut Option<Vec<(std::time::Duration, DifferentialEvent)>>| {
+    if !held {
+        drop(register);
+        return Some(Tally { worker: worker.index(), counts });
+    }
+    register.insert::<DifferentialEventBuilder, _>("differential/arrange", move |_time, data: &mut Option<Vec<(Duration, DifferentialEvent)>>| {
         let mut c = c.borrow_mut();
         for (_, event) in data.iter().flatten() {
             let (op, delta) = match event {

@@ -113,7 +113,7 @@ impl BatchContainer for RowContainer {
         self.push_values(item.0.len(), item.0.iter().cloned());
     }
     fn push_own(&mut self, item: &Row) {
-        self.push_values(item.len(), item.iter().cloned());
+        self.push_into(item);
     }
     fn clear(&mut self) {
         self.values.clear();

@@ -165,3 +165,109 @@ fn facts(p: &Params, placed: bool) -> Vec<(String, String)> {
     }
     f
 }
+
+/// What the synthetic cluster's simulated agents know: each node's services
+/// (sorted) and every instance with its node.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub services_on: Vec<Vec<String>>,
+    pub instances: Vec<(usize, String)>,
+}
+
+/// The layout of [`cluster`]'s facts over `nodes` nodes.
+pub fn layout(nodes: usize, facts: &[(String, String)]) -> Layout {
+    let mut services_on: Vec<std::collections::BTreeSet<String>> = vec![Default::default(); nodes];
+    let mut instances = Vec::new();
+    for (k, v) in facts {
+        let Some((n, field)) = k.strip_prefix("observed/node/node-").and_then(|r| r.split_once('/')) else { continue };
+        if let (Some(inst), Ok(n)) = (field.strip_prefix("instance/").and_then(|f| f.strip_suffix("/service")), n.parse::<usize>()) {
+            services_on[n].insert(v.clone());
+            instances.push((n, inst.to_string()));
+        }
+    }
+    Layout { services_on: services_on.into_iter().map(|s| s.into_iter().collect()).collect(), instances }
+}
+
+/// The writes simulated agents make, one at a time, at whatever rate the
+/// caller paces them (the rates of real agents: `benches/writes.rs`; the
+/// stream of `benches/sustained.rs` and of the engine bench's `--stream`).
+pub struct Agents {
+    layout: Layout,
+    /// A small xorshift: varied, not cryptographic.
+    rng: u64,
+    next_node: usize,
+    unready: std::collections::BTreeSet<usize>,
+}
+
+impl Agents {
+    pub fn new(layout: Layout, seed: u64) -> Agents {
+        Agents { layout, rng: seed.max(1), next_node: 0, unready: Default::default() }
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng % n.max(1) as u64) as usize
+    }
+
+    /// The next node (round robin) beats with the cluster clock it read.
+    pub fn beat(&mut self, clock: i64) -> (String, String) {
+        self.next_node = (self.next_node + 1) % self.layout.services_on.len().max(1);
+        (format!("observed/node/{}/heartbeat", node_name(self.next_node)), clock.to_string())
+    }
+
+    /// A random node's usage of one of its services (cpu or memory) past its
+    /// dead band; none for a node that runs nothing.
+    pub fn usage(&mut self) -> Option<(String, String)> {
+        let n = self.below(self.layout.services_on.len());
+        let at = self.below(self.layout.services_on.get(n)?.len());
+        let s = self.layout.services_on[n].get(at)?.clone();
+        let field = if self.below(2) == 0 { "cpu" } else { "memory" };
+        Some((format!("observed/node/{}/usage/{s}/{field}", node_name(n)), (100 + self.below(400)).to_string()))
+    }
+
+    /// A random instance turns unhealthy, or healthy again: its health and
+    /// its readiness probe's state (an agent writes both in one txn).
+    pub fn flip(&mut self) -> [(String, String); 2] {
+        let i = self.below(self.layout.instances.len());
+        let state = if self.unready.remove(&i) {
+            "healthy"
+        } else {
+            self.unready.insert(i);
+            "unhealthy"
+        };
+        let (n, inst) = &self.layout.instances[i];
+        let node = node_name(*n);
+        [
+            (format!("observed/node/{node}/instance/{inst}/health"), state.to_string()),
+            (format!("observed/node/{node}/probe_state/{inst}/readiness"), state.to_string()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod agents_tests {
+    use super::*;
+
+    #[test]
+    fn agents_write_keys_of_the_cluster_and_a_flip_turns_back() {
+        let p = Params { nodes: 4, services: 2, instances: 6, ..Params::default() };
+        let facts = cluster(&p);
+        let keys: std::collections::BTreeSet<&str> = facts.iter().map(|(k, _)| k.as_str()).collect();
+        let lay = layout(p.nodes, &facts);
+        assert_eq!(lay.instances.len(), 6);
+        let mut a = Agents::new(lay, 7);
+        let (beat, clock) = a.beat(42);
+        assert!(keys.contains(beat.as_str()) && clock == "42", "{beat}");
+        let (usage, _) = a.usage().expect("every node runs something here");
+        assert!(usage.starts_with("observed/node/node-") && usage.contains("/usage/svc-"), "{usage}");
+        // One instance, flipped twice: unhealthy, then healthy again.
+        let mut one = Agents::new(Layout { services_on: vec![vec![]], instances: vec![(0, "svc-0-0".into())] }, 7);
+        assert_eq!(one.flip()[0].1, "unhealthy");
+        let [health, readiness] = one.flip();
+        assert_eq!((health.1.as_str(), readiness.1.as_str()), ("healthy", "healthy"));
+        assert_eq!(health.0, "observed/node/node-0/instance/svc-0-0/health");
+        assert!(one.usage().is_none(), "a node that runs nothing has no usage");
+    }
+}
