@@ -10,7 +10,7 @@
 
 use differential_dataflow::logging::{DifferentialEvent, DifferentialEventBuilder};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -122,6 +122,25 @@ impl Counts {
     }
 }
 
+/// What an arrangement is for, from the name `dataflow` gives it.
+fn kind(name: &str) -> &'static str {
+    match name {
+        n if n.starts_with("Bindings of") && n.ends_with("(aggregated)") => "an aggregate's bindings, deduplicated",
+        n if n.starts_with("Bindings of") && n.contains(" against ") => "bindings into an anti-join",
+        n if n.starts_with("Bindings of") => "bindings into a join",
+        n if n.starts_with("Arrange Bindings of") => "an aggregate's bindings, counted",
+        n if n.starts_with("Arrange Distinct") => "a relation's rows, counted",
+        n if n.starts_with("Distinct") => "a relation's rows, deduplicated",
+        n if n.starts_with("Arrange Present") => "anti-join keys, counted",
+        n if n.starts_with("Present") => "anti-join keys, deduplicated",
+        n if n.starts_with("Arrange Aggregate") => "aggregate groups",
+        n if n.starts_with("Aggregate") => "aggregate results",
+        n if n.starts_with("Arrange ") && n.contains(" by ") => "a relation by join key",
+        n if n.starts_with("Query ") => "a relation for queries",
+        _ => "other",
+    }
+}
+
 /// Whether the variable's value asks for the tally: `1`, nothing else.
 fn wanted(value: Option<&std::ffi::OsStr>) -> bool {
     value.is_some_and(|v| v == "1")
@@ -160,6 +179,15 @@ impl Drop for Tally {
         rows.sort_by_key(|(name, (n, _))| (std::cmp::Reverse(*n), *name));
         let total: i64 = rows.iter().map(|(_, (n, _))| n).sum();
         eprintln!("arrangements, worker {}: {} updates held in {} operators", self.worker, total, c.held.len());
+        let mut kinds: BTreeMap<&str, (i64, usize)> = BTreeMap::new();
+        for (name, (n, ops)) in &rows {
+            let e = kinds.entry(kind(name)).or_default();
+            e.0 += n;
+            e.1 += ops;
+        }
+        for (kind, (n, ops)) in &kinds {
+            eprintln!("  {n:>10} {ops:>4}× ({kind})");
+        }
         for (name, (n, ops)) in rows.iter().take(60) {
             eprintln!("  {n:>10} {ops:>4}× {name}");
         }

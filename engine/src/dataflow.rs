@@ -47,6 +47,12 @@ struct Scope<'s, T: Timestamp + Lattice> {
     present: BTreeMap<(RelId, AtomFilter, Vec<usize>), SetArr<'s, T>>,
     /// Relation names, for naming operators.
     names: Rc<[String]>,
+    /// Relation arities, and whether each relation's rows are a set (all
+    /// but a built-in's, [`build`]).
+    arities: Rc<[(usize, bool)]>,
+    /// `distinct` as this scope's time allows ([`distinct_total`] where it
+    /// is a revision).
+    dedup: fn(Coll<'s, T>, &str) -> Coll<'s, T>,
 }
 
 impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
@@ -65,8 +71,8 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     /// of the scope that anti-joins the same atom.
     fn present(&mut self, rel: RelId, filter: &AtomFilter, positions: Vec<usize>) -> SetArr<'s, T> {
         let rows = self.relation(rel);
-        let name = &self.names[rel];
-        self.present.entry((rel, filter.clone(), positions.clone())).or_insert_with(|| arrange_present(rows, filter, positions, name)).clone()
+        let (name, (arity, set)) = (&self.names[rel], self.arities[rel]);
+        self.present.entry((rel, filter.clone(), positions.clone())).or_insert_with(|| arrange_present(rows, filter, positions, name, arity, set)).clone()
     }
 
     /// The head rows one rule derives (not yet deduplicated).
@@ -153,7 +159,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         }
         // Aggregates range over the distinct bindings of the body.
         let (p1, p2, p3) = (plan.clone(), plan.clone(), plan.clone());
-        let bindings = if set_bindings { b } else { rows_of(distinct_arranged(b, &format!("Bindings of {} (aggregated)", plan.label))) };
+        let bindings = if set_bindings { b } else { (self.dedup)(b, &format!("Bindings of {} (aggregated)", plan.label)) };
         let groups = bindings.flat_map(move |row| p1.group_and_args(&row));
         arrange_pairs(groups, &format!("Arrange Aggregate of {}", plan.label))
             .reduce_abelian::<_, RowValBuilder<T>, RowValSpine<T>, _, _>(
@@ -337,12 +343,86 @@ pub struct Built<'s> {
     pub traces: BTreeMap<RelId, QueryTrace>,
 }
 
-/// `distinct`, keeping the arrangement it builds as the relation's query trace
-/// (so deduplicated relations need no second arrangement).
+/// `distinct` at the top level (time is a revision), keeping the arrangement
+/// it counts rows in as the relation's query trace: a query reads a row
+/// with a positive count as there ([`crate::runtime`]'s `read_trace`), so
+/// the relation needs no second arrangement.
 fn distinct_with_trace<'s>(rows: Coll<'s, u64>, name: &str) -> (Coll<'s, u64>, QueryTrace) {
-    let arranged = distinct_arranged(rows, name);
-    let trace = arranged.trace.clone();
-    (rows_of(arranged), trace)
+    let counted = arrange_set(rows, &format!("Arrange {name}"));
+    let trace = counted.trace.clone();
+    (distinct_total(counted, name), trace)
+}
+
+/// `distinct` where time is totally ordered (a revision): a row is in the
+/// output while its count in `counted` is positive, read from that one
+/// arrangement (what it was before a batch, then after each of its times),
+/// so no arrangement of the output is kept, as `reduce` keeps one.
+/// Differential's `ThresholdTotal`, for rows laid end to end.
+fn distinct_total<'s>(counted: SetArr<'s, u64>, name: &str) -> Coll<'s, u64> {
+    use differential_dataflow::trace::cursor::{cursor_list, Cursor};
+    use differential_dataflow::trace::TraceReader;
+    use differential_dataflow::AsCollection;
+    use timely::dataflow::channels::pact::Pipeline;
+    use timely::dataflow::operators::{CapabilitySet, Operator};
+    use timely::progress::Antichain;
+    let mut trace = counted.trace.clone();
+    counted
+        .stream
+        .unary_frontier::<timely::container::CapacityContainerBuilder<Vec<(Row, u64, isize)>>, _, _, _>(Pipeline, name, move |_, _| {
+            // Batches come in order: [lower, upper) is what arrived this time.
+            let mut lower = Antichain::from_elem(0u64);
+            let mut upper = Antichain::from_elem(0u64);
+            move |(input, _frontier), output| {
+                lower.clone_from(&upper);
+                let mut batches = Vec::new();
+                let mut caps = CapabilitySet::new();
+                input.for_each(|cap, spans| {
+                    for cap in cap.retain_stamp(0).iter() {
+                        caps.insert(cap.clone());
+                    }
+                    for span in spans.drain(..) {
+                        upper.clone_from(span.upper());
+                        batches.extend(span.inner);
+                    }
+                });
+                if !caps.is_empty() {
+                    let mut session = output.session(&caps);
+                    let (mut new, new_storage) = cursor_list(batches);
+                    let (mut old, old_storage) =
+                        cursor_list(trace.batches_through(lower.borrow()).expect("the trace is not compacted past what this operator read"));
+                    while let Some(row) = new.get_key(&new_storage) {
+                        let mut count = 0isize;
+                        old.seek_key(&old_storage, row);
+                        if old.get_key(&old_storage) == Some(row) {
+                            old.map_times(&old_storage, |_, d| count += *d);
+                        }
+                        // The batches in order, each key's times in order.
+                        new.map_times(&new_storage, |t, d| {
+                            let was = count > 0;
+                            count += *d;
+                            if was != (count > 0) {
+                                session.give((row.to_row(), *t, if was { -1 } else { 1 }));
+                            }
+                        });
+                        new.step_key(&new_storage);
+                    }
+                }
+                trace.advance_upper(&mut upper);
+                trace.set_logical_compaction(upper.borrow());
+                trace.set_physical_compaction(upper.borrow());
+            }
+        })
+        .as_collection()
+}
+
+/// `distinct` in a scope whose time is a revision.
+fn dedup_total<'s>(rows: Coll<'s, u64>, name: &str) -> Coll<'s, u64> {
+    distinct_total(arrange_set(rows, &format!("Arrange {name}")), name)
+}
+
+/// `distinct` in any scope (an iteration's time is not totally ordered).
+fn dedup<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, name: &str) -> Coll<'s, T> {
+    rows_of(distinct_arranged(rows, name))
 }
 
 /// `distinct` as an arrangement of its output, which joins and queries can
@@ -589,10 +669,13 @@ pub fn lookups(program: &Program, plans: &[Rc<RulePlan>], groups: &[BTreeSet<Rel
 }
 
 /// Builds, over a relation's collection, the arrangement `lookup` names.
-pub fn arrange_lookup<'s>(rows: Coll<'s, u64>, lookup: &Lookup, rel_name: &str) -> LookupArrangement<'s> {
+pub fn arrange_lookup<'s>(rows: Coll<'s, u64>, lookup: &Lookup, rel: &ccattler_parser::program::Relation) -> LookupArrangement<'s> {
+    let rel_name = &rel.name;
     match lookup.clone() {
         Lookup::Join(_, filter, key_pos) => LookupArrangement::Join(arrange_join(rows, &filter, key_pos, rel_name)),
-        Lookup::Present(_, filter, positions) => LookupArrangement::Present(arrange_present(rows, &filter, positions, rel_name)),
+        Lookup::Present(_, filter, positions) => {
+            LookupArrangement::Present(arrange_present(rows, &filter, positions, rel_name, rel.arity(), rel.builtin.is_none()))
+        }
     }
 }
 
@@ -610,11 +693,26 @@ fn arrange_join<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, filter: &At
 }
 
 /// The distinct values at `positions` of a relation's facts `filter`
-/// accepts, arranged: what an anti-join looks up.
-fn arrange_present<'s, T: Timestamp + Lattice + Ord>(rows: Coll<'s, T>, filter: &AtomFilter, positions: Vec<usize>, rel_name: &str) -> SetArr<'s, T> {
+/// accepts, arranged: what an anti-join looks up. Where the relation's rows
+/// are a `set` (all but a built-in's, see [`build`]) and `positions` name
+/// every column once, they are arranged as they come, not deduplicated.
+fn arrange_present<'s, T: Timestamp + Lattice + Ord>(
+    rows: Coll<'s, T>,
+    filter: &AtomFilter,
+    positions: Vec<usize>,
+    rel_name: &str,
+    arity: usize,
+    set: bool,
+) -> SetArr<'s, T> {
     let f = filter.clone();
     let name = format!("Present {rel_name} at {positions:?}");
-    distinct_arranged(rows.filter(move |row| f.accepts(row)).map(move |row| positions.iter().map(|p| row[*p].clone()).collect::<Row>()), &name)
+    let a_set_already = set && positions.len() == arity && (0..arity).all(|c| positions.contains(&c));
+    let keys = rows.filter(move |row| f.accepts(row)).map(move |row| positions.iter().map(|p| row[*p].clone()).collect::<Row>());
+    if a_set_already {
+        arrange_set(keys, &name)
+    } else {
+        distinct_arranged(keys, &name)
+    }
 }
 
 /// How the program is cut into dataflows ([`groups`]).
@@ -643,7 +741,9 @@ pub fn build<'s>(
     let mut sets: BTreeSet<RelId> = inputs.keys().copied().collect();
     let arity = |rel: RelId| program.relations[rel].arity();
     let names: Rc<[String]> = program.relations.iter().map(|r| r.name.clone()).collect();
-    let mut top = Scope { rels: inputs, unit, arranged: imported.joins, present: imported.present, names: names.clone() };
+    let arities: Rc<[(usize, bool)]> = program.relations.iter().map(|r| (r.arity(), r.builtin.is_none())).collect();
+    let mut top =
+        Scope { rels: inputs, unit, arranged: imported.joins, present: imported.present, names: names.clone(), arities: arities.clone(), dedup: dedup_total };
     for stratum in &program.strata {
         let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| only.contains(r) && !top.rels.contains_key(r)).collect();
         if derived.is_empty() {
@@ -696,6 +796,8 @@ pub fn build<'s>(
                 arranged: BTreeMap::new(),
                 present: BTreeMap::new(),
                 names: names.clone(),
+                arities: arities.clone(),
+                dedup,
             };
             let mut vars = Vec::new();
             for &rel in &derived {
@@ -729,6 +831,49 @@ pub fn build<'s>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts that rise past one, fall back, and cross zero twice within a
+    /// revision: the output says each row once while its count is positive,
+    /// and the counted arrangement (the query trace) reads the same.
+    #[test]
+    fn distinct_total_says_a_row_once_while_any_derivation_holds_it() {
+        use differential_dataflow::input::Input as _;
+        use std::cell::RefCell;
+        use timely::dataflow::operators::probe::Handle;
+        let row = |n: i64| Row::from_elem(Value::Int(n), 1);
+        timely::execute_directly(move |worker| {
+            let said: Rc<RefCell<Vec<(Row, u64, isize)>>> = Rc::default();
+            let probe = Handle::new();
+            let s = said.clone();
+            let (mut input, mut trace) = worker.dataflow::<u64, _, _>(|scope| {
+                let (input, rows) = scope.new_collection::<Row, isize>();
+                let counted = arrange_set(rows, "Arrange t");
+                let trace = counted.trace.clone();
+                distinct_total(counted, "t").inspect(move |u| s.borrow_mut().push(u.clone())).probe_with(&probe);
+                (input, trace)
+            });
+            // rev 1: a twice, b once; rev 2: a down to one, b gone and back
+            // (net nothing), c in and out; rev 3: a gone; rev 4: a again.
+            let steps: [&[(i64, isize)]; 4] = [&[(1, 2), (2, 1)], &[(1, -1), (3, 1), (3, -1)], &[(1, -1)], &[(1, 1)]];
+            for (rev, step) in (1u64..).zip(steps) {
+                for &(n, d) in step {
+                    input.update_at(row(n), rev, d);
+                }
+                input.advance_to(rev + 1);
+                input.flush();
+                while probe.less_equal(&rev) {
+                    worker.step();
+                }
+            }
+            let mut said = said.borrow().clone();
+            said.sort_by_key(|(r, t, _)| (*t, r.clone()));
+            assert_eq!(said, vec![(row(1), 1, 1), (row(2), 1, 1), (row(1), 3, -1), (row(1), 4, 1)]);
+            let mut at = |rev: u64| crate::runtime::read_trace(&mut trace, &[], rev);
+            assert_eq!(at(2), vec![row(1), row(2)], "a (count 1) and b: counted rows read as a set");
+            assert_eq!(at(3), vec![row(2)]);
+            assert_eq!(at(4), vec![row(1), row(2)]);
+        });
+    }
 
     /// A checked program, its plans, and its input relations (known sets).
     fn planned(text: &str) -> (Program, Vec<RulePlan>, BTreeSet<RelId>) {

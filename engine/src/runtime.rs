@@ -873,7 +873,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
             let (input, coll) = scope.new_collection::<Row, isize>();
             let (mut joins, mut present) = (BTreeMap::new(), BTreeMap::new());
             for l in lookups {
-                match dataflow::arrange_lookup(coll.clone(), l, &program.relations[rel].name) {
+                match dataflow::arrange_lookup(coll.clone(), l, &program.relations[rel]) {
                     dataflow::LookupArrangement::Join(arr) => {
                         joins.insert(l.clone(), arr.trace);
                     }
@@ -1212,7 +1212,7 @@ fn enter(groups: &mut [Group], hubs: &mut BTreeMap<RelId, Hub>, gs: &[usize], re
 /// starts with `prefix` (rows are ordered, so that is a seek and a run).
 /// Updates at later revisions are left out; the trace is not compacted past
 /// a pinned `as_of`, so those are still told apart.
-fn read_trace(trace: &mut QueryTrace, prefix: &[Value], as_of: u64) -> Vec<Row> {
+pub(crate) fn read_trace(trace: &mut QueryTrace, prefix: &[Value], as_of: u64) -> Vec<Row> {
     let mut upper = Antichain::new();
     trace.read_upper(&mut upper);
     let Some(batches) = trace.batches_through(upper.borrow()) else { return Vec::new() };
