@@ -50,29 +50,43 @@ struct Scope<'s, T: Timestamp + Lattice> {
     /// Relation arities, and whether each relation's rows are a set (all
     /// but a built-in's, [`build`]).
     arities: Rc<[(usize, bool)]>,
+    /// The relations operators of this scope read (not those only looked
+    /// up in arrangements built elsewhere).
+    read: BTreeSet<RelId>,
     /// `distinct` as this scope's time allows ([`distinct_total`] where it
     /// is a revision).
     dedup: fn(Coll<'s, T>, &str) -> Coll<'s, T>,
 }
 
 impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
-    fn relation(&self, rel: RelId) -> Coll<'s, T> {
+    /// A relation's collection, for an operator to read.
+    fn relation(&mut self, rel: RelId) -> Coll<'s, T> {
+        self.read.insert(rel);
         self.rels.get(&rel).cloned().expect("strata are built in dependency order")
     }
 
     fn arrangement(&mut self, rel: RelId, filter: &AtomFilter, key_pos: Vec<usize>) -> Arr<'s, T> {
-        let rows = self.relation(rel);
-        let name = &self.names[rel];
-        self.arranged.entry((rel, filter.clone(), key_pos.clone())).or_insert_with(|| arrange_join(rows, filter, key_pos, name)).clone()
+        let at = (rel, filter.clone(), key_pos.clone());
+        if let Some(arranged) = self.arranged.get(&at) {
+            return arranged.clone();
+        }
+        let arranged = arrange_join(self.relation(rel), filter, key_pos, &self.names[rel]);
+        self.arranged.insert(at, arranged.clone());
+        arranged
     }
 
     /// The distinct values of `rel`'s facts at `positions` (those `filter`
     /// accepts), arranged: what an anti-join looks up. Shared by every rule
     /// of the scope that anti-joins the same atom.
     fn present(&mut self, rel: RelId, filter: &AtomFilter, positions: Vec<usize>) -> SetArr<'s, T> {
-        let rows = self.relation(rel);
-        let (name, (arity, set)) = (&self.names[rel], self.arities[rel]);
-        self.present.entry((rel, filter.clone(), positions.clone())).or_insert_with(|| arrange_present(rows, filter, positions, name, arity, set)).clone()
+        let at = (rel, filter.clone(), positions.clone());
+        if let Some(present) = self.present.get(&at) {
+            return present.clone();
+        }
+        let (arity, set) = self.arities[rel];
+        let present = arrange_present(self.relation(rel), filter, positions, &self.names[rel], arity, set);
+        self.present.insert(at, present.clone());
+        present
     }
 
     /// The head rows one rule derives (not yet deduplicated).
@@ -341,6 +355,9 @@ pub struct Built<'s> {
     pub relations: BTreeMap<RelId, Coll<'s, u64>>,
     pub attributed: BTreeMap<RelId, Coll<'s, u64>>,
     pub traces: BTreeMap<RelId, QueryTrace>,
+    /// The relations an operator reads: an input of the part outside it is
+    /// only looked up in a hub's arrangement ([`Imported`]).
+    pub read: BTreeSet<RelId>,
 }
 
 /// `distinct` at the top level (time is a revision), keeping the arrangement
@@ -742,8 +759,16 @@ pub fn build<'s>(
     let arity = |rel: RelId| program.relations[rel].arity();
     let names: Rc<[String]> = program.relations.iter().map(|r| r.name.clone()).collect();
     let arities: Rc<[(usize, bool)]> = program.relations.iter().map(|r| (r.arity(), r.builtin.is_none())).collect();
-    let mut top =
-        Scope { rels: inputs, unit, arranged: imported.joins, present: imported.present, names: names.clone(), arities: arities.clone(), dedup: dedup_total };
+    let mut top = Scope {
+        rels: inputs,
+        unit,
+        arranged: imported.joins,
+        present: imported.present,
+        names: names.clone(),
+        arities: arities.clone(),
+        read: BTreeSet::new(),
+        dedup: dedup_total,
+    };
     for stratum in &program.strata {
         let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| only.contains(r) && !top.rels.contains_key(r)).collect();
         if derived.is_empty() {
@@ -789,6 +814,8 @@ pub fn build<'s>(
         }
         // A recursive stratum: one variable per relation, iterated to a fixed point.
         let outer = top.unit.scope();
+        // (Every relation so far enters the loop: each is read.)
+        top.read.extend(top.rels.keys().copied());
         let results: Vec<(RelId, Coll<'s, u64>)> = outer.iterative::<u64, _, _>(|inner| {
             let mut scope = Scope {
                 rels: top.rels.iter().map(|(r, c)| (*r, c.clone().enter(inner))).collect(),
@@ -797,6 +824,7 @@ pub fn build<'s>(
                 present: BTreeMap::new(),
                 names: names.clone(),
                 arities: arities.clone(),
+                read: BTreeSet::new(),
                 dedup,
             };
             let mut vars = Vec::new();
@@ -825,7 +853,7 @@ pub fn build<'s>(
             attributed.insert(rel, differential_dataflow::collection::concatenate(outer, tagged));
         }
     }
-    Built { relations: top.rels, attributed, traces }
+    Built { relations: top.rels, attributed, traces, read: top.read }
 }
 
 #[cfg(test)]

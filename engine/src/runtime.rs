@@ -914,6 +914,10 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 imported.add(l, arrangement);
             }
             let built = dataflow::build(program, &plans, colls, unit, derived, imported);
+            // An input no operator reads (the group only looks its relation
+            // up in a hub) is dropped: nothing would take what it is sent,
+            // and timely's input keeps what no one takes, for ever.
+            inputs.retain(|rel, _| built.read.contains(rel));
             for (rel, coll) in built.attributed {
                 let coll = if cluster { coll.inner.exchange(|_| 0).as_collection() } else { coll };
                 let buf = outputs.clone();
@@ -1201,11 +1205,20 @@ fn enter(groups: &mut [Group], hubs: &mut BTreeMap<RelId, Hub>, gs: &[usize], re
     if let Some(hub) = hubs.get_mut(&rel) {
         hub.input.update_at(row.clone(), at, d);
     }
-    let Some((&last, rest)) = gs.split_last() else { return };
-    for &g in rest {
-        groups[g].inputs.get_mut(&rel).expect("a reader has the input").update_at(row.clone(), at, d);
+    // (A reader that only looks `rel` up in its hub has no input of it.)
+    debug_assert!(gs.windows(2).all(|w| w[0] < w[1]), "readers in order");
+    let mut sessions: Vec<&mut InputSession<u64, Row, isize>> = Vec::with_capacity(gs.len());
+    let (mut after, mut from) = (&mut groups[..], 0);
+    for &g in gs {
+        let (group, rest) = std::mem::take(&mut after)[g - from..].split_first_mut().expect("a reader is a group");
+        sessions.extend(group.inputs.get_mut(&rel));
+        (after, from) = (rest, g + 1);
     }
-    groups[last].inputs.get_mut(&rel).expect("a reader has the input").update_at(row, at, d);
+    let Some(last) = sessions.pop() else { return };
+    for input in sessions {
+        input.update_at(row.clone(), at, d);
+    }
+    last.update_at(row, at, d);
 }
 
 /// Every row with a positive count as of revision `as_of` in a trace that
