@@ -286,7 +286,9 @@ pub struct OutputFacts {
     /// text, rule) → (why, count). Never written; recorded instead.
     invalid: BTreeMap<String, BTreeMap<(String, usize), (String, isize)>>,
     /// key → what derives it: almost always one value from one rule.
-    candidates: HashMap<String, Vec<Candidate>, foldhash::fast::RandomState>,
+    /// (One inline: a `Vec`'s first push makes room for four, 192 bytes
+    /// a key for the one it almost always holds.)
+    candidates: HashMap<String, smallvec::SmallVec<[Candidate; 1]>, foldhash::fast::RandomState>,
     /// What the rules derive now, one value per key (conflicted keys keep their
     /// last unique value, or are absent if they never had one).
     pub resolved: BTreeMap<String, String>,

@@ -1008,9 +1008,8 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 // can take them in while the evaluation goes on.
                 let mut reporting = true;
                 let mut send_part = |outputs: &OutputBuffer| {
-                    let part: Vec<Change> = outputs
-                        .borrow_mut()
-                        .drain(..)
+                    let part: Vec<Change> = std::mem::take(&mut *outputs.borrow_mut())
+                        .into_iter()
                         .map(|(rel, row, t, d)| {
                             debug_assert!(t <= rev);
                             (rel, row, d)
@@ -1055,7 +1054,9 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                             send_part(&outputs);
                         }
                     }
-                    let rows: Vec<(RelId, Row, u64, isize)> = groups[g].feed.borrow_mut().drain(..).collect();
+                    // Taken, not drained: a drained buffer keeps the room
+                    // its largest revision (a cold load) needed, for good.
+                    let rows: Vec<(RelId, Row, u64, isize)> = std::mem::take(&mut *groups[g].feed.borrow_mut());
                     let mut fed = std::collections::BTreeSet::new();
                     for (rel, row, t, d) in rows {
                         let Some(gs) = readers.get(&rel) else { continue };
