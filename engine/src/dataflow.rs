@@ -89,6 +89,43 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         present
     }
 
+    /// The bindings after a rule's first two atoms where they are joined
+    /// with nothing between them ([`paired_start`]): the two relations'
+    /// arrangements by the key joined (`pos_a`: the first atom's positions
+    /// of the key's variables), then `finish` (the steps after the join).
+    fn paired_join(&mut self, segments: &[(Option<&Step>, Vec<Step>)], pos_a: Vec<usize>, finish: Finish, nvars: usize) -> Coll<'s, T> {
+        let (Some(Step::Join { rel: rel_a, filter: filter_a, bind: bind_a, .. }), Some(Step::Join { rel: rel_b, filter: filter_b, key, bind: bind_b })) =
+            (segments[0].0, segments[1].0)
+        else {
+            unreachable!("paired_start checked both are joins")
+        };
+        let pos_b: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
+        let a = self.arrangement(*rel_a, filter_a, pos_a.clone());
+        let b = self.arrangement(*rel_b, filter_b, pos_b.clone());
+        // Where each variable sits in what the join hands over: the key's
+        // in the key; the others in each fact's rest (its positions outside
+        // the key, in order).
+        let in_rest = |rel: RelId, key_pos: &[usize], bind: &[(usize, usize)]| -> Vec<(usize, usize)> {
+            let rest: Vec<usize> = (0..self.arities[rel].0).filter(|p| !key_pos.contains(p)).collect();
+            bind.iter().filter_map(|(p, var)| rest.iter().position(|r| r == p).map(|at| (at, *var))).collect()
+        };
+        let (from_a, from_b) = (in_rest(*rel_a, &pos_a, bind_a), in_rest(*rel_b, &pos_b, bind_b));
+        let key_vars: Vec<usize> = key.iter().map(|(_, var)| *var).collect();
+        a.join_core(b, move |k: RowRef, rest_a: RowRef, rest_b: RowRef| {
+            let mut out = Row::from_elem(Value::Int(0), nvars);
+            for (at, var) in key_vars.iter().enumerate() {
+                out[*var] = k[at].clone();
+            }
+            for (at, var) in &from_a {
+                out[*var] = rest_a[*at].clone();
+            }
+            for (at, var) in &from_b {
+                out[*var] = rest_b[*at].clone();
+            }
+            finish.run(out)
+        })
+    }
+
     /// The head rows one rule derives (not yet deduplicated).
     ///
     /// The plan is cut into segments: a leading atom or a join/anti-join, then
@@ -108,7 +145,13 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         let layouts = layouts(plan, &segments);
         let last = segments.len().saturating_sub(1);
         let mut b: Option<Coll<'s, T>> = None;
-        for (n, (head, pure)) in segments.into_iter().enumerate() {
+        let mut skip = 0;
+        if let Some(pos_a) = paired_start(&segments) {
+            let finish = Finish { pure: segments[1].1.clone().into(), head: (last == 1 && !aggregate).then(|| plan.clone()) };
+            b = Some(self.paired_join(&segments, pos_a, finish, nvars));
+            skip = 2;
+        }
+        for (n, (head, pure)) in segments.into_iter().enumerate().skip(skip) {
             // What to do with each binding after this segment's operator: the
             // head rows after the last (unless aggregated: full bindings).
             let finish = Finish { pure: pure.into(), head: (n == last && !aggregate).then(|| plan.clone()) };
@@ -187,6 +230,20 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
             )
             .as_collection(move |group: RowRef, aggs: RowRef| p3.head_from_group(&group, &aggs))
     }
+}
+
+/// Whether a rule starts with two atoms joined with nothing between them
+/// (no filter, assignment or range after the first): then both relations
+/// are looked up in their arrangements by the join key, shared with every
+/// rule that looks them up alike, and the first atom's bindings are not
+/// arranged for this rule alone. The first atom's positions of the key's
+/// variables, if so.
+fn paired_start(segments: &[(Option<&Step>, Vec<Step>)]) -> Option<Vec<usize>> {
+    let [(Some(Step::Join { key: leading, bind, .. }), between), (Some(Step::Join { key, .. }), _), ..] = segments else { return None };
+    if !leading.is_empty() || !between.is_empty() {
+        return None;
+    }
+    key.iter().map(|(_, var)| bind.iter().find(|(_, v)| v == var).map(|(p, _)| *p)).collect()
 }
 
 /// Splits a plan into (join or anti-join, the pure steps after it). A plan
@@ -666,8 +723,15 @@ pub fn lookups(program: &Program, plans: &[Rc<RulePlan>], groups: &[BTreeSet<Rel
                         continue;
                     }
                     // As `Scope::rule` cuts it: a join after the first
-                    // segment's is a lookup; a leading atom is a scan.
-                    for (n, (head, _)) in segments(&p.steps).into_iter().enumerate() {
+                    // segment's is a lookup; a leading atom is a scan,
+                    // unless a join follows it at once ([`paired_start`]).
+                    let segs = segments(&p.steps);
+                    if let (Some(pos), Some((Some(Step::Join { rel, filter, .. }), _))) = (paired_start(&segs), segs.first()) {
+                        if !derived.contains(rel) {
+                            out.insert(Lookup::Join(*rel, filter.clone(), pos));
+                        }
+                    }
+                    for (n, (head, _)) in segs.into_iter().enumerate() {
                         match head {
                             Some(Step::Join { rel, filter, key, .. }) if n > 0 && !derived.contains(rel) => {
                                 out.insert(Lookup::Join(*rel, filter.clone(), key.iter().map(|(p, _)| *p).collect()));
@@ -859,6 +923,26 @@ pub fn build<'s>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rule that starts `a(x, y, 1), b(y, x, z)` joins a's arrangement by
+    /// (y, x) — positions 1 then 0 — with b's by (0, 1), and takes z from
+    /// b's rest: a key out of a's column order, a constant in a's rest.
+    #[test]
+    fn two_leading_atoms_join_their_arrangements_on_a_key_out_of_column_order() {
+        let text = "input a(x: int, y: int, c: int) from \"a/{x}/{y}/{c}\"\n\
+                    input b(y: int, x: int, z: int) from \"b/{y}/{x}/{z}\"\n\
+                    output h(x: int, z: int) to \"h/{x}/{z}\"\n\
+                    h(x, z) :- a(x, y, 1), b(y, x, z).\n";
+        let (program, plans, _) = planned(text);
+        assert_eq!(paired_start(&segments(&plans[0].steps)), Some(vec![1, 0]));
+        let mut session = crate::Session::new(std::sync::Arc::new(program), 2).expect("engine");
+        let put = |k: &str| (k.to_string(), Some(String::new()));
+        // a(1,2,1) meets b(2,1,5) only: a(1,3,0) fails the constant, b(2,9,7) the key's x.
+        session.write(&[put("a/1/2/1"), put("a/1/3/0"), put("b/2/1/5"), put("b/3/1/6"), put("b/2/9/7")]).expect("write");
+        assert_eq!(session.derived().keys().collect::<Vec<_>>(), ["h/1/5"]);
+        session.write(&[("a/1/2/1".to_string(), None), put("a/1/3/1")]).expect("write");
+        assert_eq!(session.derived().keys().collect::<Vec<_>>(), ["h/1/6"]);
+    }
 
     /// Counts that rise past one, fall back, and cross zero twice within a
     /// revision: the output says each row once while its count is positive,
