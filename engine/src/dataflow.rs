@@ -89,27 +89,57 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         present
     }
 
-    /// The bindings after a rule's first two atoms where they are joined
-    /// with nothing between them ([`paired_start`]): the two relations'
-    /// arrangements by the key joined (`pos_a`: the first atom's positions
-    /// of the key's variables), then `finish` (the steps after the join).
+    /// The bindings after a rule's first two atoms where nothing comes
+    /// between them ([`paired_start`]), then `finish` (the steps after the
+    /// second). A join joins the two relations' arrangements by the key
+    /// (`pos_a`: the first atom's positions of the key's variables); an
+    /// anti-join takes the first relation's facts less those its
+    /// arrangement by the key meets in the second's.
     fn paired_join(&mut self, segments: &[(Option<&Step>, Vec<Step>)], pos_a: Vec<usize>, finish: Finish, nvars: usize) -> Coll<'s, T> {
-        let (Some(Step::Join { rel: rel_a, filter: filter_a, bind: bind_a, .. }), Some(Step::Join { rel: rel_b, filter: filter_b, key, bind: bind_b })) =
-            (segments[0].0, segments[1].0)
-        else {
-            unreachable!("paired_start checked both are joins")
-        };
-        let pos_b: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
+        let Some(Step::Join { rel: rel_a, filter: filter_a, bind: bind_a, .. }) = segments[0].0 else { unreachable!("paired_start checked it is a join") };
         let a = self.arrangement(*rel_a, filter_a, pos_a.clone());
-        let b = self.arrangement(*rel_b, filter_b, pos_b.clone());
-        // Where each variable sits in what the join hands over: the key's
-        // in the key; the others in each fact's rest (its positions outside
+        // Where each variable sits in what a join hands over: the key's in
+        // the key; the others in each fact's rest (its positions outside
         // the key, in order).
-        let in_rest = |rel: RelId, key_pos: &[usize], bind: &[(usize, usize)]| -> Vec<(usize, usize)> {
-            let rest: Vec<usize> = (0..self.arities[rel].0).filter(|p| !key_pos.contains(p)).collect();
+        let arities = self.arities.clone();
+        let in_rest = move |rel: RelId, key_pos: &[usize], bind: &[(usize, usize)]| -> Vec<(usize, usize)> {
+            let rest: Vec<usize> = (0..arities[rel].0).filter(|p| !key_pos.contains(p)).collect();
             bind.iter().filter_map(|(p, var)| rest.iter().position(|r| r == p).map(|at| (at, *var))).collect()
         };
-        let (from_a, from_b) = (in_rest(*rel_a, &pos_a, bind_a), in_rest(*rel_b, &pos_b, bind_b));
+        let from_a = in_rest(*rel_a, &pos_a, bind_a);
+        let (rel_b, filter_b, key, bind_b) = match segments[1].0 {
+            Some(Step::Join { rel, filter, key, bind }) => (rel, filter, key, bind),
+            Some(Step::AntiJoin { rel, filter, key }) => {
+                let key_vars: Vec<usize> = key.iter().map(|(_, var)| *var).collect();
+                let present = self.present(*rel, filter, key.iter().map(|(p, _)| *p).collect());
+                // The first atom's bindings, as a scan of it makes them…
+                let (f, bind) = (filter_a.clone(), bind_a.clone());
+                let all = self.relation(*rel_a).filter(move |fact| f.accepts(fact)).map(move |fact| {
+                    let mut row = Row::from_elem(Value::Int(0), nvars);
+                    for (pos, var) in &bind {
+                        row[*var] = fact[*pos].clone();
+                    }
+                    row
+                });
+                // … less those whose key is present: the same rows, made from
+                // (key, rest) as the join hands them over.
+                let matched = a.join_core(present, move |k: RowRef, rest_a: RowRef, _: &()| {
+                    let mut row = Row::from_elem(Value::Int(0), nvars);
+                    for (at, var) in key_vars.iter().enumerate() {
+                        row[*var] = k[at].clone();
+                    }
+                    for (at, var) in &from_a {
+                        row[*var] = rest_a[*at].clone();
+                    }
+                    Some(row)
+                });
+                return all.concat(matched.negate()).flat_map(move |row| finish.run(row));
+            }
+            _ => unreachable!("paired_start checked it is a join or an anti-join"),
+        };
+        let pos_b: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
+        let b = self.arrangement(*rel_b, filter_b, pos_b.clone());
+        let from_b = in_rest(*rel_b, &pos_b, bind_b);
         let key_vars: Vec<usize> = key.iter().map(|(_, var)| *var).collect();
         a.join_core(b, move |k: RowRef, rest_a: RowRef, rest_b: RowRef| {
             let mut out = Row::from_elem(Value::Int(0), nvars);
@@ -232,14 +262,16 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
     }
 }
 
-/// Whether a rule starts with two atoms joined with nothing between them
-/// (no filter, assignment or range after the first): then both relations
-/// are looked up in their arrangements by the join key, shared with every
-/// rule that looks them up alike, and the first atom's bindings are not
-/// arranged for this rule alone. The first atom's positions of the key's
+/// Whether a rule starts with an atom joined or anti-joined at once with a
+/// second (no filter, assignment or range between them): then the first is
+/// looked up in its arrangement by the key, shared with every rule that
+/// looks it up alike, and its bindings are not arranged for this rule
+/// alone ([`Scope::paired_join`]). The first atom's positions of the key's
 /// variables, if so.
 fn paired_start(segments: &[(Option<&Step>, Vec<Step>)]) -> Option<Vec<usize>> {
-    let [(Some(Step::Join { key: leading, bind, .. }), between), (Some(Step::Join { key, .. }), _), ..] = segments else { return None };
+    let [(Some(Step::Join { key: leading, bind, .. }), between), (Some(Step::Join { key, .. } | Step::AntiJoin { key, .. }), _), ..] = segments else {
+        return None;
+    };
     if !leading.is_empty() || !between.is_empty() {
         return None;
     }
@@ -724,7 +756,8 @@ pub fn lookups(program: &Program, plans: &[Rc<RulePlan>], groups: &[BTreeSet<Rel
                     }
                     // As `Scope::rule` cuts it: a join after the first
                     // segment's is a lookup; a leading atom is a scan,
-                    // unless a join follows it at once ([`paired_start`]).
+                    // unless a join or an anti-join follows it at once
+                    // ([`paired_start`]).
                     let segs = segments(&p.steps);
                     if let (Some(pos), Some((Some(Step::Join { rel, filter, .. }), _))) = (paired_start(&segs), segs.first()) {
                         if !derived.contains(rel) {
@@ -942,6 +975,26 @@ mod tests {
         assert_eq!(session.derived().keys().collect::<Vec<_>>(), ["h/1/5"]);
         session.write(&[("a/1/2/1".to_string(), None), put("a/1/3/1")]).expect("write");
         assert_eq!(session.derived().keys().collect::<Vec<_>>(), ["h/1/6"]);
+    }
+
+    /// `a(x, y, 1), not b(y, x, _)`: a's facts less those its arrangement
+    /// by (y, x) meets in b's keys present, the rows of both made alike.
+    #[test]
+    fn a_leading_atom_anti_joined_at_once_keeps_the_facts_whose_key_is_absent() {
+        let text = "input a(x: int, y: int, c: int) from \"a/{x}/{y}/{c}\"\n\
+                    input b(y: int, x: int, z: int) from \"b/{y}/{x}/{z}\"\n\
+                    output h(x: int, y: int) to \"h/{x}/{y}\"\n\
+                    h(x, y) :- a(x, y, 1), not b(y, x, _).\n";
+        let (program, plans, _) = planned(text);
+        assert_eq!(paired_start(&segments(&plans[0].steps)), Some(vec![1, 0]));
+        let mut session = crate::Session::new(std::sync::Arc::new(program), 2).expect("engine");
+        let put = |k: &str| (k.to_string(), Some(String::new()));
+        session.write(&[put("a/1/2/1"), put("a/1/3/1"), put("a/4/5/0"), put("b/2/1/5"), put("b/2/1/6"), put("b/3/9/7")]).expect("write");
+        assert_eq!(session.derived().keys().collect::<Vec<_>>(), ["h/1/3"], "a(1,2) has b(2,1,_) twice; a(4,5,0) fails the constant");
+        session.write(&[("b/2/1/5".to_string(), None)]).expect("write");
+        assert_eq!(session.derived().keys().collect::<Vec<_>>(), ["h/1/3"], "b(2,1,6) still there");
+        session.write(&[("b/2/1/6".to_string(), None), put("b/3/1/0")]).expect("write");
+        assert_eq!(session.derived().keys().collect::<Vec<_>>(), ["h/1/2"]);
     }
 
     /// Counts that rise past one, fall back, and cross zero twice within a
