@@ -1207,19 +1207,13 @@ fn enter(groups: &mut [Group], hubs: &mut BTreeMap<RelId, Hub>, gs: &[usize], re
         hub.input.update_at(row.clone(), at, d);
     }
     // (A reader that only looks `rel` up in its hub has no input of it.)
-    debug_assert!(gs.windows(2).all(|w| w[0] < w[1]), "readers in order");
-    let mut sessions: Vec<&mut InputSession<u64, Row, isize>> = Vec::with_capacity(gs.len());
-    let (mut after, mut from) = (&mut groups[..], 0);
-    for &g in gs {
-        let (group, rest) = std::mem::take(&mut after)[g - from..].split_first_mut().expect("a reader is a group");
-        sessions.extend(group.inputs.get_mut(&rel));
-        (after, from) = (rest, g + 1);
+    let Some(last) = gs.iter().rposition(|&g| groups[g].inputs.contains_key(&rel)) else { return };
+    for &g in &gs[..last] {
+        if let Some(input) = groups[g].inputs.get_mut(&rel) {
+            input.update_at(row.clone(), at, d);
+        }
     }
-    let Some(last) = sessions.pop() else { return };
-    for input in sessions {
-        input.update_at(row.clone(), at, d);
-    }
-    last.update_at(row, at, d);
+    groups[gs[last]].inputs.get_mut(&rel).expect("found above").update_at(row, at, d);
 }
 
 /// Every row with a positive count as of revision `as_of` in a trace that
