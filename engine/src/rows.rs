@@ -157,11 +157,11 @@ impl<T: Ord + Clone + 'static> BatchContainer for Grown<T> {
     type ReadItem<'a> = &'a T;
 
     #[inline(always)]
-    fn into_owned<'a>(item: &'a T) -> T {
+    fn into_owned(item: &T) -> T {
         item.clone()
     }
     #[inline(always)]
-    fn clone_onto<'a>(item: &'a T, other: &mut T) {
+    fn clone_onto(item: &T, other: &mut T) {
         other.clone_from(item);
     }
     fn reborrow<'b, 'a: 'b>(item: &'a T) -> &'b T {
