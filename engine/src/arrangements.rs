@@ -199,6 +199,29 @@ mod tests {
     use super::wanted;
 
     #[test]
+    fn each_arrangement_dataflow_names_is_summed_under_its_kind() {
+        use super::kind;
+        let r = "rule 3 (a.rules:7)";
+        for (name, want) in [
+            (format!("Bindings of {r} into placed"), "bindings into a join"),
+            (format!("Bindings of {r} against kept"), "bindings into an anti-join"),
+            (format!("Bindings of {r} (aggregated)"), "an aggregate's bindings, deduplicated"),
+            (format!("Arrange Bindings of {r} (aggregated)"), "an aggregate's bindings, counted"),
+            ("Arrange Distinct ready".into(), "a relation's rows, counted"),
+            ("Distinct ready (recursive)".into(), "a relation's rows, deduplicated"),
+            ("Arrange Present kept at [0]".into(), "anti-join keys, counted"),
+            ("Present kept at [0]".into(), "anti-join keys, deduplicated"),
+            (format!("Arrange Aggregate of {r}"), "aggregate groups"),
+            (format!("Aggregate of {r}"), "aggregate results"),
+            ("Arrange instance by [1]".into(), "a relation by join key"),
+            ("Query endpoint".into(), "a relation for queries"),
+            ("Import instance from its hub".into(), "other"),
+        ] {
+            assert_eq!(kind(&name), want, "{name}");
+        }
+    }
+
+    #[test]
     fn only_1_asks_for_the_tally_not_0_or_an_empty_value() {
         assert!(wanted(Some("1".as_ref())));
         for careless in ["0", "", "false", "yes", " 1"] {

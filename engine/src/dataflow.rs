@@ -114,25 +114,10 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                 let present = self.present(*rel, filter, key.iter().map(|(p, _)| *p).collect());
                 // The first atom's bindings, as a scan of it makes them…
                 let (f, bind) = (filter_a.clone(), bind_a.clone());
-                let all = self.relation(*rel_a).filter(move |fact| f.accepts(fact)).map(move |fact| {
-                    let mut row = Row::from_elem(Value::Int(0), nvars);
-                    for (pos, var) in &bind {
-                        row[*var] = fact[*pos].clone();
-                    }
-                    row
-                });
+                let all = self.relation(*rel_a).filter(move |fact| f.accepts(fact)).map(move |fact| scanned_row(nvars, &bind, &fact));
                 // … less those whose key is present: the same rows, made from
                 // (key, rest) as the join hands them over.
-                let matched = a.join_core(present, move |k: RowRef, rest_a: RowRef, _: &()| {
-                    let mut row = Row::from_elem(Value::Int(0), nvars);
-                    for (at, var) in key_vars.iter().enumerate() {
-                        row[*var] = k[at].clone();
-                    }
-                    for (at, var) in &from_a {
-                        row[*var] = rest_a[*at].clone();
-                    }
-                    Some(row)
-                });
+                let matched = a.join_core(present, move |k: RowRef, rest_a: RowRef, _: &()| Some(joined_row(nvars, &key_vars, &k, &[(&from_a, &rest_a)])));
                 return all.concat(matched.negate()).flat_map(move |row| finish.run(row));
             }
             _ => unreachable!("paired_start checked it is a join or an anti-join"),
@@ -141,19 +126,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         let b = self.arrangement(*rel_b, filter_b, pos_b.clone());
         let from_b = in_rest(*rel_b, &pos_b, bind_b);
         let key_vars: Vec<usize> = key.iter().map(|(_, var)| *var).collect();
-        a.join_core(b, move |k: RowRef, rest_a: RowRef, rest_b: RowRef| {
-            let mut out = Row::from_elem(Value::Int(0), nvars);
-            for (at, var) in key_vars.iter().enumerate() {
-                out[*var] = k[at].clone();
-            }
-            for (at, var) in &from_a {
-                out[*var] = rest_a[*at].clone();
-            }
-            for (at, var) in &from_b {
-                out[*var] = rest_b[*at].clone();
-            }
-            finish.run(out)
-        })
+        a.join_core(b, move |k: RowRef, rest_a: RowRef, rest_b: RowRef| finish.run(joined_row(nvars, &key_vars, &k, &[(&from_a, &rest_a), (&from_b, &rest_b)])))
     }
 
     /// The head rows one rule derives (not yet deduplicated).
@@ -192,13 +165,7 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
                 (Some(Step::Join { rel, filter, key, bind }), None) => {
                     debug_assert!(key.is_empty());
                     let (f, bind) = (filter.clone(), bind.clone());
-                    self.relation(*rel).filter(move |row| f.accepts(row)).flat_map(move |fact| {
-                        let mut row = Row::from_elem(Value::Int(0), nvars);
-                        for (pos, var) in &bind {
-                            row[*var] = fact[*pos].clone();
-                        }
-                        finish.run(row)
-                    })
+                    self.relation(*rel).filter(move |row| f.accepts(row)).flat_map(move |fact| finish.run(scanned_row(nvars, &bind, &fact)))
                 }
                 (Some(Step::Join { rel, filter, key, bind }), Some(b)) => {
                     let key_pos: Vec<usize> = key.iter().map(|(p, _)| *p).collect();
@@ -260,6 +227,32 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
             )
             .as_collection(move |group: RowRef, aggs: RowRef| p3.head_from_group(&group, &aggs))
     }
+}
+
+/// A binding of `nvars` variables from a leading atom's fact: `bind` says
+/// which position gives which variable.
+fn scanned_row(nvars: usize, bind: &[(usize, usize)], fact: &[Value]) -> Row {
+    let mut row = Row::from_elem(Value::Int(0), nvars);
+    for (pos, var) in bind {
+        row[*var] = fact[*pos].clone();
+    }
+    row
+}
+
+/// A binding of `nvars` variables from what a join of two arrangements hands
+/// over: the key's variables from the key, the others from each side's rest
+/// (`(place in the rest, variable)` pairs).
+fn joined_row(nvars: usize, key_vars: &[usize], key: &[Value], rests: &[(&[(usize, usize)], &[Value])]) -> Row {
+    let mut row = Row::from_elem(Value::Int(0), nvars);
+    for (at, var) in key_vars.iter().enumerate() {
+        row[*var] = key[at].clone();
+    }
+    for (places, rest) in rests {
+        for (at, var) in places.iter() {
+            row[*var] = rest[*at].clone();
+        }
+    }
+    row
 }
 
 /// Whether a rule starts with an atom joined or anti-joined at once with a
