@@ -843,16 +843,7 @@ async fn etcd_out_of_space_is_named_fails_healthz_and_recovers_once_disarmed() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(!c.log().contains("takes writes again"), "{}", c.log());
-    // The administrator's part (etcd allows it root only): compact, defragment, disarm.
-    let rev = root.get("fill/blob", None).await.unwrap().header().unwrap().revision();
-    root.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();
-    root.defragment().await.unwrap();
-    let alarms = root.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.unwrap();
-    for a in alarms.alarms() {
-        let mut opts = etcd_client::AlarmOptions::new();
-        opts.with_member(a.member_id());
-        root.alarm(etcd_client::AlarmAction::Deactivate, etcd_client::AlarmType::Nospace, Some(opts)).await.unwrap();
-    }
+    disarm_nospace(&mut root).await;
     wait_for("healthy again once disarmed", Duration::from_secs(30), || async {
         http_status(c.port, "/healthz") == Some(200) && c.metric("etcd_nospace") == Some(0.0)
     })
@@ -865,6 +856,71 @@ async fn etcd_out_of_space_is_named_fails_healthz_and_recovers_once_disarmed() {
     .await;
     assert_eq!(c.metric("etcd_nospace"), Some(0.0));
     assert_eq!(c.metric("leader"), Some(1.0));
+}
+
+/// The administrator's part after a NOSPACE alarm (etcd allows it root
+/// only): compact, defragment, disarm.
+async fn disarm_nospace(root: &mut Client) {
+    let rev = root.get("any", None).await.unwrap().header().unwrap().revision();
+    root.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();
+    root.defragment().await.unwrap();
+    let alarms = root.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.unwrap();
+    for a in alarms.alarms() {
+        let mut opts = etcd_client::AlarmOptions::new();
+        opts.with_member(a.member_id());
+        root.alarm(etcd_client::AlarmAction::Deactivate, etcd_client::AlarmType::Nospace, Some(opts)).await.unwrap();
+    }
+}
+
+/// etcd filled by someone else while the leader has nothing to write: only
+/// its heartbeat's put is refused. The controller once stayed healthy and
+/// silent then (the alarm was named only when write-back hit it), which
+/// also made the test above flaky: when etcd took all 400 copies before
+/// its size caught up, the first refused put was the heartbeat's.
+#[tokio::test]
+async fn etcd_filled_by_others_is_named_out_of_space_though_write_back_is_idle() {
+    let _serial = serial();
+    let dir = fresh_dir("nospace-idle");
+    let etcd = PrivateEtcd::start_with(dir.clone(), free_port(), free_port(), &["--quota-backend-bytes", "16777216"]);
+    let mut root = etcd.client().await;
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("echo.rules"),
+        "input wanted(v: string) from \"echo/wanted\"\noutput echoed(v: string) to \"effective/echo\"\n// what is wanted, echoed\nechoed(v) :- wanted(v).\n",
+    )
+    .unwrap();
+    let c = Controller::start_with(&etcd.url(), &etcd.credentials(), &etcd.secret_key(), "idle", &rules, &["--stall-bound", "3"], &[]);
+    wait_for("healthy and leading", T, || async { http_status(c.port, "/healthz") == Some(200) && c.metric("leader") == Some(1.0) }).await;
+    let blob = "z".repeat(100_000);
+    let mut filled = false;
+    for i in 0..2000 {
+        match root.put(format!("elsewhere/{i}"), blob.as_str(), None).await {
+            Ok(_) => {}
+            Err(e) if e.to_string().contains("database space exceeded") => {
+                filled = true;
+                break;
+            }
+            Err(e) => panic!("filling etcd: {e}"),
+        }
+    }
+    assert!(filled, "200 MB did not fill a 16 MB quota");
+    wait_for("the NOSPACE alarm is named", Duration::from_secs(30), || async { c.metric("etcd_nospace") == Some(1.0) }).await;
+    assert!(c.log().contains("renewal was refused"), "{}", c.log());
+    wait_for("/healthz fails while etcd is out of space", Duration::from_secs(30), || async { http_status(c.port, "/healthz") == Some(503) }).await;
+    assert_eq!(c.metric("leader"), Some(1.0), "leadership held through the alarm:\n{}", c.log());
+    root.delete("elsewhere/", Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    disarm_nospace(&mut root).await;
+    wait_for("healthy again once disarmed", Duration::from_secs(30), || async {
+        http_status(c.port, "/healthz") == Some(200) && c.metric("etcd_nospace") == Some(0.0)
+    })
+    .await;
+    root.put("echo/wanted", "hello", None).await.unwrap();
+    wait_for("new keys are derived again", T, || {
+        let mut e = root.clone();
+        async move { e.get("effective/echo", None).await.unwrap().kvs().first().map(|kv| kv.value().to_vec()) == Some(b"hello".to_vec()) }
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -78,7 +78,7 @@ pub async fn run(cfg: AutoscalerConfig, mut stop: tokio::sync::watch::Receiver<b
         if let (Some(Leading { fence, heartbeat }), Some(c)) = (leading.as_mut(), client.as_mut()) {
             let sent = Instant::now();
             match leader::renew(c, fence, &cfg.id).await {
-                Ok(ours) => heartbeat.answered(sent, ours),
+                Ok(renewal) => heartbeat.answered(sent, renewal),
                 Err(e) => warn!(error = %e, "renewing leadership failed"),
             }
             if heartbeat.is_lost(Instant::now()) {

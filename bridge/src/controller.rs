@@ -327,6 +327,8 @@ struct Leadership {
     /// Rewrites the leader key every TTL/3 on a task of its own, so a
     /// write-back or an evaluation longer than the TTL never lets it lapse.
     renewer: tokio::task::JoinHandle<()>,
+    /// Renewals refused for want of space that the loop has already heeded.
+    refused_for_space_seen: u64,
 }
 
 impl Leadership {
@@ -346,9 +348,9 @@ impl Leadership {
                 // given up and the next one sent. (Given up at TTL/3, every
                 // renewal was lost on a disk slower than that.)
                 match tokio::time::timeout(ttl - leader::margin(ttl), leader::renew(&mut client, &key, &id)).await {
-                    Ok(Ok(ours)) => {
-                        tx.send_modify(|h| h.answered(sent, ours));
-                        if !ours {
+                    Ok(Ok(renewal)) => {
+                        tx.send_modify(|h| h.answered(sent, renewal));
+                        if !renewal.is_ours() {
                             return;
                         }
                     }
@@ -357,7 +359,7 @@ impl Leadership {
                 }
             }
         });
-        Leadership { fence, heartbeat, renewer }
+        Leadership { fence, heartbeat, renewer, refused_for_space_seen: 0 }
     }
 
     fn is_lost(&self) -> bool {
@@ -366,6 +368,12 @@ impl Leadership {
 
     fn is_taken(&self) -> bool {
         self.heartbeat.borrow().is_taken()
+    }
+
+    /// Whether etcd refused a renewal for want of space since the last call.
+    fn newly_refused_for_space(&mut self) -> bool {
+        let refused = self.heartbeat.borrow().refused_for_space();
+        std::mem::replace(&mut self.refused_for_space_seen, refused) < refused
     }
 }
 
@@ -406,7 +414,7 @@ async fn take_over(client: &mut Client, cfg: &ControllerConfig, r: &mut Reconcil
 /// lead while our key stands, and every write compares its create revision.
 async fn resume(client: &mut Client, fence: Fence, cfg: &ControllerConfig) -> Result<Option<Leadership>, etcd_client::Error> {
     let sent = Instant::now();
-    Ok(leader::renew(client, &fence, &cfg.id).await?.then(|| Leadership::start(client, fence, &cfg.id, cfg.leader_ttl, sent)))
+    Ok(leader::renew(client, &fence, &cfg.id).await?.is_ours().then(|| Leadership::start(client, fence, &cfg.id, cfg.leader_ttl, sent)))
 }
 
 /// Runs until SIGTERM or SIGINT. Rules must check at start; later reloads
@@ -577,8 +585,13 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                 }
                 leader = None;
             }
-            if let Some(l) = &leader {
+            if let Some(l) = &mut leader {
                 held_fence = Some(l.fence.clone());
+                // etcd refused our heartbeat for want of space: it refuses
+                // every put, though write-back may have nothing to write.
+                if l.newly_refused_for_space() {
+                    out_of_space(&mut nospace_since, &shared, &"the leader key's renewal was refused: etcdserver: mvcc: database space exceeded");
+                }
             }
             shared.metrics.leader.set(i64::from(leader.is_some()));
             // A standby has nothing to write while another leads; with no
@@ -840,7 +853,7 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
 
 /// etcd refused a put for want of space: named once (log, metric, health);
 /// write-back only deletes until the alarm is gone.
-fn out_of_space(nospace_since: &mut Option<Instant>, shared: &Shared, e: &etcd_client::Error) {
+fn out_of_space(nospace_since: &mut Option<Instant>, shared: &Shared, e: &dyn std::fmt::Display) {
     if nospace_since.is_none() {
         error!(error = %e, "etcd is out of space (its NOSPACE alarm is raised): it refuses every put until an administrator compacts, defragments and disarms it (etcdctl compact, defrag, alarm disarm); meanwhile only deletes are written, so removing the rule or fact that filled it frees the space");
         *nospace_since = Some(Instant::now());

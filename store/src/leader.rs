@@ -115,18 +115,37 @@ pub async fn still_ours(client: &mut Client, fence: &Fence) -> Result<bool, etcd
     Ok(resp.kvs().first().is_some_and(|kv| kv.create_revision() == fence.create_revision))
 }
 
-/// Rewrites the leader key (its heartbeat); false if it is no longer ours.
-/// While etcd is out of space the put is refused; the key still being ours
-/// (no standby deposes a leader then: see [`campaign`]) counts as renewed.
-pub async fn renew(client: &mut Client, fence: &Fence, id: &str) -> Result<bool, etcd_client::Error> {
+/// What one renewal of the leader key found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The key was rewritten: still ours.
+    Renewed,
+    /// etcd is out of space and refused the put, but the key is still ours
+    /// (no standby deposes a leader then: see [`campaign`]); counts as
+    /// renewed. The leader learns of the alarm this way even when it has
+    /// nothing else to write.
+    OursOutOfSpace,
+    /// The key is no longer ours.
+    Lost,
+}
+
+impl Renewal {
+    pub fn is_ours(self) -> bool {
+        self != Renewal::Lost
+    }
+}
+
+/// Rewrites the leader key (its heartbeat).
+pub async fn renew(client: &mut Client, fence: &Fence, id: &str) -> Result<Renewal, etcd_client::Error> {
     let txn = Txn::new().when([Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)]).and_then([TxnOp::put(
         fence.key.clone(),
         id,
         None,
     )]);
     match client.txn(txn).await {
-        Ok(resp) => Ok(resp.succeeded()),
-        Err(e) if crate::etcd::is_nospace(&e) => still_ours(client, fence).await,
+        Ok(resp) if resp.succeeded() => Ok(Renewal::Renewed),
+        Ok(_) => Ok(Renewal::Lost),
+        Err(e) if crate::etcd::is_nospace(&e) => Ok(if still_ours(client, fence).await? { Renewal::OursOutOfSpace } else { Renewal::Lost }),
         Err(e) => Err(e),
     }
 }
@@ -140,27 +159,39 @@ pub async fn resign(client: &mut Client, fence: &Fence) -> Result<bool, etcd_cli
 }
 
 /// A leader's own view of its heartbeat: when its last successful renewal
-/// was sent, and whether etcd said the key is no longer ours.
+/// was sent, whether etcd said the key is no longer ours, and how many
+/// renewals etcd refused for want of space.
 #[derive(Clone, Debug)]
 pub struct Heartbeat {
     ttl: Duration,
     renewed: Instant,
     lost: bool,
+    out_of_space: u64,
 }
 
 impl Heartbeat {
     /// Starts from a renewal (or the creation) sent at `sent`.
     pub fn new(ttl: Duration, sent: Instant) -> Heartbeat {
-        Heartbeat { ttl, renewed: sent, lost: false }
+        Heartbeat { ttl, renewed: sent, lost: false, out_of_space: 0 }
     }
 
-    /// A renewal sent at `sent` was answered: `ours` is whether it committed.
-    pub fn answered(&mut self, sent: Instant, ours: bool) {
-        if ours {
-            self.renewed = self.renewed.max(sent);
-        } else {
-            self.lost = true;
+    /// A renewal sent at `sent` was answered.
+    pub fn answered(&mut self, sent: Instant, renewal: Renewal) {
+        match renewal {
+            Renewal::Renewed => self.renewed = self.renewed.max(sent),
+            Renewal::OursOutOfSpace => {
+                self.renewed = self.renewed.max(sent);
+                self.out_of_space += 1;
+            }
+            Renewal::Lost => self.lost = true,
         }
+    }
+
+    /// Renewals etcd refused for want of space so far (a count, so that the
+    /// loop that reads it sees each new refusal, even after the alarm
+    /// seemed gone).
+    pub fn refused_for_space(&self) -> u64 {
+        self.out_of_space
     }
 
     /// Whether etcd said the key is no longer ours (not merely unrenewed).
@@ -206,12 +237,29 @@ mod tests {
         let mut h = Heartbeat::new(ttl, t0);
         assert!(!h.is_lost(t0 + ttl - margin(ttl) - Duration::from_millis(1)));
         assert!(h.is_lost(t0 + ttl - margin(ttl)));
-        h.answered(t0 + Duration::from_secs(1), true);
+        h.answered(t0 + Duration::from_secs(1), Renewal::Renewed);
         assert!(!h.is_lost(t0 + ttl));
         // An older renewal answered late moves nothing back.
-        h.answered(t0, true);
+        h.answered(t0, Renewal::Renewed);
         assert!(!h.is_lost(t0 + ttl));
-        h.answered(t0 + Duration::from_secs(2), false);
+        h.answered(t0 + Duration::from_secs(2), Renewal::Lost);
         assert!(h.is_lost(t0 + Duration::from_secs(2)), "the key is someone else's");
+    }
+
+    #[test]
+    fn a_renewal_refused_for_space_keeps_the_lead_and_is_counted() {
+        // A leader with nothing else to write learns of etcd's NOSPACE alarm
+        // only from its renewals (the controller once stayed healthy and
+        // silent under the alarm because its write-back was idle).
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(3);
+        let mut h = Heartbeat::new(ttl, t0);
+        h.answered(t0 + Duration::from_secs(1), Renewal::OursOutOfSpace);
+        assert!(!h.is_lost(t0 + ttl), "the key is still ours: it counts as renewed");
+        assert_eq!(h.refused_for_space(), 1);
+        h.answered(t0 + Duration::from_secs(2), Renewal::Renewed);
+        h.answered(t0 + Duration::from_secs(3), Renewal::OursOutOfSpace);
+        assert_eq!(h.refused_for_space(), 2, "each refusal counts, after a renewal that got through too");
+        assert!(Renewal::OursOutOfSpace.is_ours() && Renewal::Renewed.is_ours() && !Renewal::Lost.is_ours());
     }
 }
