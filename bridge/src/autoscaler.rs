@@ -159,8 +159,8 @@ async fn round(client: &mut Client, fence: &Fence, program: &Arc<Program>) -> Re
     let mut ops = Vec::new();
     for (k, v) in &derived {
         match held.get(k) {
-            None => ops.push(Op::Create { key: k.clone(), value: v.clone() }),
-            Some(h) if h.value != *v => ops.push(Op::Update { key: k.clone(), value: v.clone(), mod_revision: h.mod_revision }),
+            None => ops.push(Op::Create { key: k.clone(), value: v.to_string() }),
+            Some(h) if h.value != *v => ops.push(Op::Update { key: k.clone(), value: v.to_string(), mod_revision: h.mod_revision }),
             Some(_) => {}
         }
     }

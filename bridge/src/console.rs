@@ -69,13 +69,13 @@ pub fn copy(r: &crate::Reconciler) -> Copied {
             if prefix == "effective/instance/" && !(k.ends_with("/service") || k.ends_with("/state")) {
                 continue;
             }
-            kv.push((k.clone(), v.clone()));
+            kv.push((k.clone(), v.to_string()));
         }
     }
     // Node states only, not the node views under the same prefix.
     for (k, v) in resolved.range("effective/node/".to_string()..).take_while(|(k, _)| k.starts_with("effective/node/")) {
         if k.ends_with("/state") && k.matches('/').count() == 3 {
-            kv.push((k.clone(), v.clone()));
+            kv.push((k.clone(), v.to_string()));
         }
     }
     let mut problems: Vec<(String, String, String)> = r.blocked().map(|(k, why)| ("blocked".into(), k.clone(), why.clone())).collect();

@@ -133,10 +133,10 @@ impl Metrics {
         for (k, v) in under("effective/node/") {
             let rest = &k["effective/node/".len()..];
             if rest.split('/').count() == 2 && rest.ends_with("/state") {
-                *nodes.entry(v.clone()).or_default() += 1;
+                *nodes.entry(v.to_string()).or_default() += 1;
             }
         }
-        let instances = instance_states(under("effective/instance/"));
+        let instances = instance_states(under("effective/instance/").map(|(k, v)| (k, &**v)));
         let mut rollouts: BTreeMap<String, i64> = BTreeMap::new();
         for (k, v) in under("status/rollout/").filter(|(k, _)| k.ends_with("/state")) {
             let _ = k;

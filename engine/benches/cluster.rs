@@ -364,7 +364,7 @@ fn agents_catch_up(session: &Session, instances: &[String], reported: &mut std::
         else {
             continue;
         };
-        let now = (node.clone(), version.clone());
+        let now = (node.to_string(), version.to_string());
         if reported.get(inst) == Some(&now) {
             continue;
         }
@@ -381,7 +381,7 @@ fn agents_catch_up(session: &Session, instances: &[String], reported: &mut std::
         let address = node.strip_prefix("node-").and_then(|n| n.parse().ok()).map(synth::node_address);
         w.push((o("ip"), address));
         w.push((o("port"), Some("20000".into())));
-        w.push((o("version"), Some(version.clone())));
+        w.push((o("version"), Some(version.to_string())));
         w.push((format!("observed/node/{node}/probe_state/{inst}/readiness"), Some("healthy".into())));
         reported.insert(inst.clone(), now);
     }
@@ -400,7 +400,7 @@ fn rollout(session: &mut Session, p: &Params) {
     // The synthetic cluster's instances already report version 1 where they are.
     for i in 0..synth::instances_of(p, 0) {
         if let Some(node) = session.derived().get(&format!("placement/instance/{s}-{i}")) {
-            reported.insert(format!("{s}-{i}"), (node.clone(), "1".to_string()));
+            reported.insert(format!("{s}-{i}"), (node.to_string(), "1".to_string()));
         }
     }
     let w = agents_catch_up(session, &instances, &mut reported);
@@ -558,7 +558,7 @@ fn placements(session: &Session) -> BTreeMap<String, String> {
     session
         .derived()
         .range::<str, _>((std::ops::Bound::Included("placement/instance/"), std::ops::Bound::Excluded("placement/instance0")))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| (k.clone(), v.to_string()))
         .collect()
 }
 
@@ -576,7 +576,7 @@ fn check(session: &Session, peer: &peer::Peer, program: &ccattler_parser::Progra
         .derived()
         .iter()
         .filter(|(k, _)| (k.starts_with("effective/service/") && k.ends_with("/instances")) || k.starts_with("endpoint/service/"))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| (k.clone(), v.to_string()))
         .collect();
     if ours != theirs {
         let only_peer: Vec<_> = ours.iter().filter(|(k, v)| theirs.get(*k) != Some(*v)).take(5).collect();

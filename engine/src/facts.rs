@@ -280,18 +280,23 @@ pub struct Conflict {
 }
 
 /// The output side: every derived tuple, grouped by the key it renders to.
+///
+/// A key is almost always derived by one rule with one value: then its one
+/// entry in `resolved` says all (value, rule, count), and the key is held
+/// once. Only keys with more than one candidate (a conflict, two rules
+/// agreeing) and keys being counted in a batch have `candidates` too.
 #[derive(Default)]
 pub struct OutputFacts {
     /// Derived tuples that cannot become keys, by relation name: (tuple
     /// text, rule) → (why, count). Never written; recorded instead.
     invalid: BTreeMap<String, BTreeMap<(String, usize), (String, isize)>>,
-    /// key → what derives it: almost always one value from one rule.
-    /// (One inline: a `Vec`'s first push makes room for four, 192 bytes
-    /// a key for the one it almost always holds.)
-    candidates: HashMap<String, smallvec::SmallVec<[Candidate; 1]>, foldhash::fast::RandomState>,
+    /// key → what derives it, for the keys whose one candidate is not their
+    /// `resolved` entry (invariant: a key in `resolved` and not here has
+    /// exactly the candidate its entry names).
+    candidates: HashMap<String, smallvec::SmallVec<[Candidate; 2]>, foldhash::fast::RandomState>,
     /// What the rules derive now, one value per key (conflicted keys keep their
     /// last unique value, or are absent if they never had one).
-    pub resolved: BTreeMap<String, String>,
+    pub resolved: BTreeMap<String, Derived>,
     pub conflicts: BTreeMap<String, Conflict>,
 }
 
@@ -300,6 +305,95 @@ struct Candidate {
     value: String,
     rule: usize,
     count: isize,
+}
+
+/// A derived key's value, and (while it is the key's only candidate) the
+/// rule and tuple count behind it. Reads, compares and prints as its value
+/// (`Deref<Target = String>`).
+#[derive(Clone, Default)]
+pub struct Derived {
+    value: String,
+    rule: u32,
+    count: i32,
+}
+
+impl Derived {
+    fn new(value: String) -> Derived {
+        Derived { value, rule: 0, count: 0 }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.value
+    }
+
+    /// The one candidate this entry stands for (not for a key that also
+    /// has `candidates`).
+    fn candidate(&self) -> Candidate {
+        Candidate { value: self.value.clone(), rule: self.rule as usize, count: self.count as isize }
+    }
+}
+
+impl std::ops::Deref for Derived {
+    type Target = String;
+    fn deref(&self) -> &String {
+        &self.value
+    }
+}
+
+impl std::fmt::Debug for Derived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+impl std::fmt::Display for Derived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+impl PartialEq for Derived {
+    fn eq(&self, other: &Derived) -> bool {
+        self.value == other.value
+    }
+}
+
+impl Eq for Derived {}
+
+impl PartialEq<str> for Derived {
+    fn eq(&self, other: &str) -> bool {
+        self.value == other
+    }
+}
+
+impl PartialEq<&str> for Derived {
+    fn eq(&self, other: &&str) -> bool {
+        self.value == *other
+    }
+}
+
+impl PartialEq<String> for Derived {
+    fn eq(&self, other: &String) -> bool {
+        self.value == *other
+    }
+}
+
+impl PartialEq<Derived> for String {
+    fn eq(&self, other: &Derived) -> bool {
+        *self == other.value
+    }
+}
+
+impl PartialEq<Derived> for str {
+    fn eq(&self, other: &Derived) -> bool {
+        *self == other.value
+    }
+}
+
+impl From<Derived> for String {
+    fn from(d: Derived) -> String {
+        d.value
+    }
 }
 
 /// Whether some output pattern can produce `key` (so the controller manages it).
@@ -415,11 +509,25 @@ impl OutputFacts {
         if let Some(fresh) = fresh {
             self.resolved = fresh.into_iter().collect();
         }
+        // A batch's keys left `candidates` as they resolved: give back the
+        // room a large batch (a cold start) made.
+        let len = self.candidates.len();
+        if self.candidates.capacity() > 64 && self.candidates.capacity() > 4 * len {
+            self.candidates.shrink_to(2 * len);
+        }
     }
 
     /// Adds `d` tuples of `rule` deriving `key = value`.
     fn count_one(&mut self, key: String, value: String, rule: usize, d: isize) {
-        let cands = self.candidates.entry(key).or_default();
+        let cands = match self.candidates.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            // A key held only in `resolved`: its one candidate, counted here
+            // until the batch is resolved.
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let one = self.resolved.get(e.key()).map(Derived::candidate);
+                e.insert(one.into_iter().collect())
+            }
+        };
         match cands.iter().position(|c| c.rule == rule && c.value == value) {
             Some(at) => {
                 cands[at].count += d;
@@ -431,27 +539,48 @@ impl OutputFacts {
         }
     }
 
-    /// Brings `resolved` and `conflicts` in line with a key's candidates.
-    /// A key new to `resolved` goes to `fresh` instead, if given.
-    fn resolve(&mut self, program: &Program, key: &str, fresh: &mut Option<Vec<(String, String)>>) {
-        let Some(cands) = self.candidates.get(key).filter(|c| !c.is_empty()) else {
+    /// Brings `resolved` and `conflicts` in line with a key's candidates,
+    /// and leaves a key with one candidate in `resolved` alone. A key new to
+    /// `resolved` goes to `fresh` instead, if given.
+    fn resolve(&mut self, program: &Program, key: &str, fresh: &mut Option<Vec<(String, Derived)>>) {
+        // (Not counted since its last resolve: already resolved.)
+        let Some(cands) = self.candidates.get(key) else { return };
+        if cands.is_empty() {
             self.candidates.remove(key);
             self.resolved.remove(key);
             self.conflicts.remove(key);
             return;
-        };
+        }
+        if let [only] = cands.as_slice() {
+            if let (Ok(rule), Ok(count)) = (u32::try_from(only.rule), i32::try_from(only.count)) {
+                let (key, mut cands) = self.candidates.remove_entry(key).expect("just read");
+                let value = cands.pop().expect("one").value;
+                let derived = Derived { value, rule, count };
+                self.conflicts.remove(&key);
+                match self.resolved.get_mut(&key) {
+                    Some(held) => *held = derived,
+                    None => match fresh {
+                        Some(fresh) => fresh.push((key, derived)),
+                        None => {
+                            self.resolved.insert(key, derived);
+                        }
+                    },
+                }
+                return;
+            }
+        }
         let first = &cands[0].value;
         if cands.iter().all(|c| c.value == *first) {
             match self.resolved.get_mut(key) {
                 Some(v) => {
-                    if v != first {
-                        first.clone_into(v);
+                    if v.value != *first {
+                        first.clone_into(&mut v.value);
                     }
                 }
                 None => match fresh {
-                    Some(fresh) => fresh.push((key.to_string(), first.clone())),
+                    Some(fresh) => fresh.push((key.to_string(), Derived::new(first.clone()))),
                     None => {
-                        self.resolved.insert(key.to_string(), first.clone());
+                        self.resolved.insert(key.to_string(), Derived::new(first.clone()));
                     }
                 },
             }
@@ -512,6 +641,35 @@ mod tests {
         // Two values arriving together: conflicted from the start, never a value.
         out.apply(&p, &[diff(0, "db", 1, 1), diff(1, "db", 2, 1)]);
         assert!(out.conflicts.contains_key("o/db") && !out.resolved.contains_key("o/db"));
+    }
+
+    #[test]
+    fn a_key_with_one_candidate_is_held_once_and_others_keep_their_candidates() {
+        let p = program();
+        let mut out = OutputFacts::default();
+        // A cold start's worth of keys, each from one rule: none stays in
+        // `candidates`, and the room the batch made there is given back.
+        let cold: Vec<Change> = (0..1000).map(|i| diff(0, &format!("s{i}"), i, 1)).collect();
+        out.apply(&p, &cold);
+        assert_eq!(out.resolved.len(), 1000);
+        assert!(out.candidates.is_empty() && out.candidates.capacity() <= 64, "{} held", out.candidates.capacity());
+        // A second rule agreeing: two candidates, kept; one gone: held once again.
+        out.apply(&p, &[diff(1, "s7", 7, 1)]);
+        assert_eq!(out.candidates["o/s7"].len(), 2);
+        out.apply(&p, &[diff(0, "s7", 7, -1)]);
+        assert!(out.candidates.is_empty());
+        assert_eq!(out.resolved["o/s7"], "7");
+        // The entry remembers its rule: a retraction by that rule removes it,
+        // and the same tuple derived twice counts twice.
+        out.apply(&p, &[diff(1, "s7", 7, 1)]);
+        out.apply(&p, &[diff(1, "s7", 7, -1)]);
+        assert_eq!(out.resolved["o/s7"], "7", "still derived once");
+        out.apply(&p, &[diff(1, "s7", 7, -1)]);
+        assert!(!out.resolved.contains_key("o/s7") && out.candidates.is_empty());
+        // A key touched twice in a batch resolves once, the second time a no-op.
+        out.apply(&p, &[diff(0, "s8", 9, 1), diff(0, "s8", 8, -1)]);
+        assert_eq!(out.resolved["o/s8"], "9");
+        assert!(out.candidates.is_empty());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the write-back loop, run to a fixed point. `eval`, `test` and `explain
 //! --facts` use it, so offline results are the controller's results.
 
-use crate::facts::{is_output_key, Conflict, InputFacts, OutputFacts, REJECTED, REJECTED_DERIVED};
+use crate::facts::{is_output_key, Conflict, Derived, InputFacts, OutputFacts, REJECTED, REJECTED_DERIVED};
 use crate::runtime::{Engine, EngineError};
 use ccattler_parser::program::Program;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -232,7 +232,7 @@ impl Session {
         for k in keys {
             let stored = self.stored_outputs.get(k);
             match self.outputs.resolved.get(k) {
-                Some(v) if stored != Some(v) => writes.push((k.clone(), Some(v.clone()))),
+                Some(v) if stored.map(String::as_str) != Some(v.as_str()) => writes.push((k.clone(), Some(v.to_string()))),
                 None if stored.is_some() && !self.outputs.conflicts.contains_key(k) => writes.push((k.clone(), None)),
                 _ => {}
             }
@@ -241,7 +241,7 @@ impl Session {
     }
 
     /// Every derived key and value, sorted by key.
-    pub fn derived(&self) -> &BTreeMap<String, String> {
+    pub fn derived(&self) -> &BTreeMap<String, Derived> {
         &self.outputs.resolved
     }
     pub fn rejected(&self) -> &BTreeMap<String, String> {

@@ -8,6 +8,7 @@
 //! differ by at most its max skew — counted over the zones of every node the
 //! service may use.
 
+use ccattler_engine::facts::Derived;
 use ccattler_engine::Session;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -110,7 +111,7 @@ fn facts(nodes: &[Node], services: &[Service]) -> Vec<(String, Option<String>)> 
 }
 
 /// The checker: the placements as text, judged by the generated cluster.
-fn check(nodes: &[Node], services: &[Service], derived: &BTreeMap<String, String>) -> Result<(), String> {
+fn check(nodes: &[Node], services: &[Service], derived: &BTreeMap<String, Derived>) -> Result<(), String> {
     let tolerated = |s: &Service, n: &Node| match (n.taint, s.tolerates) {
         (None, _) => true,
         (Some(_), Some(None)) => true,

@@ -61,7 +61,7 @@ fn a_new_placement_names_what_assign_read() {
     let f = facts();
     let pairs: Vec<(&str, &str)> = f.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let s = session(&pairs);
-    assert_eq!(s.derived().get("placement/instance/web-0").map(String::as_str), Some("node-3"));
+    assert_eq!(s.derived().get("placement/instance/web-0").map(|v| v.as_str()), Some("node-3"));
     let db = explain::Db::of_session(&s);
     let e = explain::explain(&db, "placement/instance/web-0", None, false, explain::Options::default()).unwrap();
     assert!(e.holds);

@@ -7,6 +7,7 @@
 //! capacity.) The checker here shares no code with the rules: it reads the
 //! facts as text, with its own idea of a valid amount.
 
+use ccattler_engine::facts::Derived;
 use ccattler_engine::Session;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -127,7 +128,7 @@ impl Checker {
     /// `before`: the placements of the previous step. A node that only holds
     /// instances it held before may be over a lowered capacity; one given a
     /// new instance may not.
-    fn check(&self, derived: &BTreeMap<String, String>, before: &BTreeMap<String, String>) -> Result<(), String> {
+    fn check(&self, derived: &BTreeMap<String, Derived>, before: &BTreeMap<String, Derived>) -> Result<(), String> {
         let mut used: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
         let mut given: std::collections::BTreeSet<&str> = Default::default();
         for (k, node) in derived.range("placement/instance/".to_string()..).take_while(|(k, _)| k.starts_with("placement/instance/")) {

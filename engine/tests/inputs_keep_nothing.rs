@@ -50,7 +50,7 @@ q(x, y) :- a(x), r(x, y).
     let round = |session: &mut Session| {
         let put: Vec<_> = rows.iter().map(|k| (k.clone(), Some(String::new()))).collect();
         session.write(&put).expect("put");
-        assert_eq!(session.derived().get("p/1/1999").map(String::as_str), Some(""), "derived");
+        assert_eq!(session.derived().get("p/1/1999").map(|v| v.as_str()), Some(""), "derived");
         let delete: Vec<_> = rows.iter().map(|k| (k.clone(), None)).collect();
         session.write(&delete).expect("delete");
         assert_eq!(session.derived().get("p/1/1999"), None, "retracted");

@@ -98,7 +98,7 @@ fn print(session: &ccattler_engine::Session, lines: &[ccattler_engine::factfile:
         }
         Format::Json => {
             let derived: serde_json::Map<String, serde_json::Value> =
-                session.derived().iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+                session.derived().iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.to_string()))).collect();
             let rejected: Vec<_> = session.rejected().iter().map(|(k, r)| serde_json::json!({"key": k, "line": line_of(k), "reason": r})).collect();
             let conflicts: Vec<_> = session.conflicts().map(|c| serde_json::json!({"key": c.key, "values": c.values.iter().map(|(v, r)| serde_json::json!({"value": v, "rules": r})).collect::<Vec<_>>()})).collect();
             println!("{}", serde_json::json!({"derived": derived, "rejected": rejected, "conflicts": conflicts}));

@@ -2,6 +2,7 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+use ccattler_engine::facts::Derived;
 
 pub(crate) fn plan(etcd: &EtcdArgs, rules: &[PathBuf]) -> anyhow::Result<ExitCode> {
     use ccattler_bridge::{etcd as e, Op, Reconciler};
@@ -108,16 +109,16 @@ pub(crate) fn read_changes(path: &std::path::Path) -> anyhow::Result<Vec<(usize,
 /// What a change does to each service, as `nomad job plan` says it: its
 /// instance count, instances to create, move and stop (with their nodes),
 /// those that would wait (and why), and a rollout it starts.
-pub(crate) fn service_summary(before: &std::collections::BTreeMap<String, String>, after: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+pub(crate) fn service_summary(before: &std::collections::BTreeMap<String, Derived>, after: &std::collections::BTreeMap<String, Derived>) -> Vec<String> {
     use std::collections::BTreeMap;
     let service_of = |i: &str| {
         let k = format!("effective/instance/{i}/service");
-        after.get(&k).or_else(|| before.get(&k)).cloned().unwrap_or_else(|| "?".into())
+        after.get(&k).or_else(|| before.get(&k)).map_or_else(|| "?".into(), |v| v.to_string())
     };
-    let placements = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+    let placements = |m: &BTreeMap<String, Derived>| -> BTreeMap<String, String> {
         m.range("placement/instance/".to_string()..)
             .take_while(|(k, _)| k.starts_with("placement/instance/"))
-            .map(|(k, v)| (k["placement/instance/".len()..].to_string(), v.clone()))
+            .map(|(k, v)| (k["placement/instance/".len()..].to_string(), v.to_string()))
             .collect()
     };
     let (was, will) = (placements(before), placements(after));
@@ -158,7 +159,7 @@ pub(crate) fn service_summary(before: &std::collections::BTreeMap<String, String
         let k = format!("effective/service/{s}/instances");
         let (b, a) = (before.get(&k), after.get(&k));
         if b != a {
-            let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "0".into());
+            let show = |v: Option<&Derived>| v.map_or_else(|| "0".into(), |v| v.to_string());
             plans.entry(s.clone()).or_default().count = Some((show(b), show(a)));
         }
         let g = format!("status/rollout/{s}/generation");
