@@ -5,7 +5,7 @@
 use crate::facts::{is_output_key, Conflict, Derived, InputFacts, OutputFacts, REJECTED, REJECTED_DERIVED};
 use crate::runtime::{Engine, EngineError};
 use ccattler_parser::program::Program;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// How many write-back rounds settle may take before it gives up.
@@ -19,49 +19,14 @@ pub enum SessionError {
     NoFixedPoint(String),
 }
 
-/// Revisions with at least this many writes keep the store's side of them
-/// on a thread of their own while the engine evaluates them.
+/// Revisions with at least this many writes pick out the store's keys
+/// among them on a thread of their own while the engine evaluates them.
 const STORE_THREAD_WRITES: usize = 10_000;
 
-/// The simulated store's side of a revision.
-struct Store<'a> {
-    outputs: &'a mut HashMap<String, String, foldhash::fast::RandomState>,
-    records: &'a mut BTreeMap<String, String>,
-}
-
-impl Store<'_> {
-    /// Stores the writes to output keys and rejection records; returns the
-    /// output keys written from outside (the write-back writes what is
-    /// derived, so its keys match until the engine changes them).
-    fn write(self, program: &Program, writes: &[Write], writer: Writer) -> Vec<String> {
-        let mut dirty = Vec::new();
-        for (key, value) in writes {
-            if is_output_key(program, key) {
-                match value {
-                    Some(v) => self.outputs.insert(key.clone(), v.clone()),
-                    None => self.outputs.remove(key),
-                };
-                if writer == Writer::Outside {
-                    dirty.push(key.clone());
-                }
-            } else if key.starts_with(REJECTED) {
-                match value {
-                    Some(v) => self.records.insert(key.clone(), v.clone()),
-                    None => self.records.remove(key),
-                };
-            }
-        }
-        dirty
-    }
-}
-
-/// Who writes a revision.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Writer {
-    /// A user, a test, an agent: anything may differ from what is derived.
-    Outside,
-    /// The write-back: the derived value of each key it writes.
-    WriteBack,
+/// The writes of a revision the simulated store keeps: those to output keys
+/// and rejection records.
+fn stored_writes<'w>(program: &Program, writes: &'w [Write]) -> Vec<&'w Write> {
+    writes.iter().filter(|(key, _)| key.starts_with(REJECTED) || is_output_key(program, key)).collect()
 }
 
 /// A write: `Some(value)` puts, `None` deletes.
@@ -69,9 +34,12 @@ pub type Write = (String, Option<String>);
 
 pub struct Session {
     engine: Engine,
-    /// What the simulated store holds under output patterns.
+    /// The simulated store's output keys that do not hold what is derived:
+    /// what each holds instead (`None`: nothing). Every other output key
+    /// holds its derived value, so the store keeps no second copy of the
+    /// derived keys it agrees with (nearly all of them, once written back).
     /// (Looked up by key only: a hash map, as keys share long prefixes.)
-    stored_outputs: HashMap<String, String, foldhash::fast::RandomState>,
+    unwritten: HashMap<String, Option<String>, foldhash::fast::RandomState>,
     /// The rejection records it holds (`status/rejected/K`), written back
     /// as the controller writes them.
     stored_records: BTreeMap<String, String>,
@@ -96,7 +64,7 @@ impl Session {
     pub fn on(engine: Engine) -> Session {
         Session {
             engine,
-            stored_outputs: HashMap::default(),
+            unwritten: HashMap::default(),
             stored_records: BTreeMap::new(),
             inputs: InputFacts::default(),
             outputs: OutputFacts::default(),
@@ -121,19 +89,23 @@ impl Session {
     /// the bridge does) until the store holds exactly the derived outputs.
     pub fn write(&mut self, writes: &[Write]) -> Result<(), SessionError> {
         let start = std::time::Instant::now();
-        let mut dirty = self.apply(writes, Writer::Outside)?;
+        self.apply(writes)?;
         self.last_first_diff = start.elapsed();
         self.last_writes = 0;
         for round in 0..MAX_ROUNDS {
-            let back = self.reconcile(&dirty);
+            let back = self.reconcile();
             self.last_writes += back.len();
             if back.is_empty() {
                 self.last_rounds = round;
+                // Give back the room a large revision (a cold start) made.
+                if self.unwritten.capacity() > 64.max(4 * self.unwritten.len()) {
+                    self.unwritten.shrink_to(2 * self.unwritten.len());
+                }
                 return Ok(());
             }
-            dirty = self.apply(&back, Writer::WriteBack)?;
+            self.apply(&back)?;
         }
-        let mut pending: Vec<String> = self.reconcile(&dirty).into_iter().map(|(k, _)| k).collect();
+        let mut pending: Vec<String> = self.reconcile().into_iter().map(|(k, _)| k).collect();
         pending.sort_unstable();
         pending.truncate(5);
         Err(SessionError::NoFixedPoint(pending.join(", ")))
@@ -149,26 +121,60 @@ impl Session {
         for (key, value, mod_revision) in facts {
             self.inputs.put(&program, key, value, *mod_revision, &mut changes);
             if is_output_key(&program, key) {
-                self.stored_outputs.insert(key.clone(), value.clone());
+                self.store_output(key, Some(value));
             } else if key.starts_with(REJECTED) {
                 self.stored_records.insert(key.clone(), value.clone());
             }
         }
         let diffs = self.engine.apply(self.rev, changes)?;
-        self.outputs.apply(&program, &diffs);
+        let mut touched = Vec::new();
+        self.outputs.count(&program, &diffs, &mut touched);
+        self.resolve(&program, &touched);
         Ok(())
     }
 
     /// What the store holds at an output key.
     pub fn stored_output(&self, key: &str) -> Option<&String> {
-        self.stored_outputs.get(key)
+        match self.unwritten.get(key) {
+            Some(instead) => instead.as_ref(),
+            None => self.outputs.resolved.get(key).map(|d| &**d),
+        }
+    }
+
+    /// The store's output key `key` now holds `value` (`None`: nothing).
+    fn store_output(&mut self, key: &str, value: Option<&String>) {
+        if self.outputs.resolved.get(key).map(|d| &**d) == value {
+            self.unwritten.remove(key);
+        } else {
+            self.unwritten.insert(key.to_string(), value.cloned());
+        }
+    }
+
+    /// Resolves the keys counted diffs touched. A key whose derived value
+    /// changes keeps what the store holds in `unwritten` (until written
+    /// back); one whose derived value comes to equal the store's leaves it.
+    fn resolve(&mut self, program: &Program, touched: &[String]) {
+        for key in touched {
+            if !self.unwritten.contains_key(key) {
+                let held = self.outputs.resolved.get(key).map(|d| d.to_string());
+                self.unwritten.insert(key.clone(), held);
+            }
+        }
+        self.outputs.resolve_all(program, touched);
+        for key in touched {
+            if let Some(instead) = self.unwritten.get(key) {
+                if instead.as_deref() == self.outputs.resolved.get(key).map(|d| d.as_str()) {
+                    self.unwritten.remove(key);
+                }
+            }
+        }
     }
 
     /// One revision: store the writes, run the engine; returns the keys that
     /// may now need writing back, each once: those the engine's diffs touch,
     /// and output keys written from outside (the write-back writes what
     /// is derived, so its keys match until the engine changes them).
-    fn apply(&mut self, writes: &[Write], writer: Writer) -> Result<Vec<String>, SessionError> {
+    fn apply(&mut self, writes: &[Write]) -> Result<(), SessionError> {
         self.rev += 1;
         let rev = self.rev;
         let program = self.engine.program().clone();
@@ -180,33 +186,41 @@ impl Session {
             }
         }
         // As the controller does, the output diffs are counted while the
-        // workers still run, and resolved once all are in. The store's side
-        // of a large revision is kept on a thread of its own meanwhile (a
-        // small one is not worth a thread).
-        let store = Store { outputs: &mut self.stored_outputs, records: &mut self.stored_records };
+        // workers still run, and resolved once all are in. The store's keys
+        // among a large revision's writes are picked out on a thread of
+        // their own meanwhile (a small one is not worth a thread).
         let (engine, outputs) = (&mut self.engine, &mut self.outputs);
         let mut touched = Vec::new();
         let evaluate = || engine.apply_streaming(vec![(rev, changes)], |part| outputs.count(&program, &part, &mut touched));
-        let (written, evaluated) = if writes.len() < STORE_THREAD_WRITES {
-            (store.write(&program, writes, writer), evaluate())
+        let (stored, evaluated) = if writes.len() < STORE_THREAD_WRITES {
+            (stored_writes(&program, writes), evaluate())
         } else {
             std::thread::scope(|s| {
-                let store = s.spawn(|| store.write(&program, writes, writer));
+                let stored = s.spawn(|| stored_writes(&program, writes));
                 let evaluated = evaluate();
-                (store.join().expect("the store's bookkeeping does not panic"), evaluated)
+                (stored.join().expect("picking keys out does not panic"), evaluated)
             })
         };
         evaluated?;
-        self.outputs.resolve_all(&program, &touched);
-        // Each once; reconciling does not depend on the order.
-        let dirty: HashSet<String, foldhash::fast::RandomState> = written.into_iter().chain(touched).collect();
-        Ok(dirty.into_iter().collect())
+        // The store takes the writes before the rules' answer to them.
+        for (key, value) in stored {
+            if key.starts_with(REJECTED) {
+                match value {
+                    Some(v) => self.stored_records.insert(key.clone(), v.clone()),
+                    None => self.stored_records.remove(key),
+                };
+            } else {
+                self.store_output(key, value.as_ref());
+            }
+        }
+        self.resolve(&program, &touched);
+        Ok(())
     }
 
-    /// For the given keys, the writes that make the store equal the derived
-    /// outputs: puts for missing or different values, deletes for keys nothing
-    /// derives (a conflicted key is left as it is).
-    fn reconcile(&self, keys: &[String]) -> Vec<Write> {
+    /// The writes that make the store equal the derived outputs: puts for
+    /// missing or different values, deletes for keys nothing derives (a
+    /// conflicted key is left as it is).
+    fn reconcile(&self) -> Vec<Write> {
         let mut writes = Vec::new();
         // Rejection records, as the controller keeps them (there are few).
         for (key, why) in self.inputs.rejected.iter() {
@@ -229,10 +243,10 @@ impl Session {
                 writes.push((record.clone(), None));
             }
         }
-        for k in keys {
-            let stored = self.stored_outputs.get(k);
+        // Every key in `unwritten` differs from what is derived.
+        for (k, stored) in &self.unwritten {
             match self.outputs.resolved.get(k) {
-                Some(v) if stored.map(String::as_str) != Some(v.as_str()) => writes.push((k.clone(), Some(v.to_string()))),
+                Some(v) => writes.push((k.clone(), Some(v.to_string()))),
                 None if stored.is_some() && !self.outputs.conflicts.contains_key(k) => writes.push((k.clone(), None)),
                 _ => {}
             }
@@ -254,5 +268,66 @@ impl Session {
 
     pub fn conflicts(&self) -> impl Iterator<Item = &Conflict> {
         self.outputs.conflicts.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> Session {
+        let text = "input v(s: name, n: int) from \"v/{s}\"\ninput w(s: name, n: int) from \"w/{s}\"\noutput o(s: name, n: int) to \"o/{s}\"\no(s, n) :- v(s, n).\no(s, n) :- w(s, n).\n";
+        let program = ccattler_parser::check_str("t.rules", text).program.expect("valid");
+        Session::new(Arc::new(program), 1).expect("starts")
+    }
+
+    fn put(k: &str, v: &str) -> Write {
+        (k.to_string(), Some(v.to_string()))
+    }
+
+    #[test]
+    fn the_store_keeps_no_copy_of_keys_that_hold_what_is_derived() {
+        let mut s = session();
+        s.write(&[put("v/a", "1"), put("v/b", "2")]).unwrap();
+        assert_eq!((s.last_writes, s.stored_output("o/a").map(String::as_str)), (2, Some("1")));
+        assert!(s.unwritten.is_empty(), "written back: no second copy");
+
+        // A user overwrites a derived key, and writes one nothing derives:
+        // the write-back restores the first and deletes the second.
+        s.write(&[put("o/a", "9"), put("o/zzz", "x")]).unwrap();
+        assert_eq!(s.last_writes, 2);
+        assert_eq!(s.stored_output("o/a").map(String::as_str), Some("1"));
+        assert_eq!(s.stored_output("o/zzz"), None);
+
+        // What the rules stop deriving is deleted; a new value is written.
+        s.write(&[("v/a".to_string(), None), put("v/b", "3")]).unwrap();
+        assert_eq!(s.last_writes, 2, "a delete and a put, each written back");
+        assert_eq!((s.stored_output("o/a"), s.stored_output("o/b").map(String::as_str)), (None, Some("3")));
+        assert!(s.unwritten.is_empty());
+    }
+
+    #[test]
+    fn a_conflicted_key_is_left_as_the_store_holds_it() {
+        let mut s = session();
+        s.write(&[put("v/c", "1")]).unwrap();
+        s.write(&[put("w/c", "2")]).unwrap();
+        assert_eq!(s.conflicts().count(), 1);
+        assert_eq!((s.last_writes, s.stored_output("o/c").map(String::as_str)), (0, Some("1")));
+        // Nothing derives a value of its own, and the store's is kept.
+        s.write(&[("v/c".to_string(), None), put("v/c", "5")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.stored_output("o/c").map(String::as_str), Some("1"));
+    }
+
+    #[test]
+    fn a_loaded_snapshot_holds_what_it_held_until_written_back() {
+        let mut s = session();
+        let facts = [("v/a".to_string(), "1".to_string(), 3), ("o/a".to_string(), "5".to_string(), 4), ("o/old".to_string(), "x".to_string(), 4)];
+        s.load(4, &facts).unwrap();
+        assert_eq!(s.derived().get("o/a").map(|d| d.as_str()), Some("1"));
+        assert_eq!(s.stored_output("o/a").map(String::as_str), Some("5"));
+        assert_eq!(s.stored_output("o/old").map(String::as_str), Some("x"));
+        s.write(&[]).unwrap();
+        assert_eq!((s.stored_output("o/a").map(String::as_str), s.stored_output("o/old")), (Some("1"), None));
+        assert!(s.unwritten.is_empty());
     }
 }
