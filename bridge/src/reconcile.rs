@@ -6,7 +6,7 @@
 //! and what etcd holds (as last seen), for the keys that may have changed. A
 //! restarted controller on a converged cluster plans nothing.
 
-use ccattler_engine::facts::{InputFacts, OutputFacts};
+use ccattler_engine::facts::{Derived, InputFacts, OutputFacts};
 use ccattler_engine::{Engine, EngineError};
 use ccattler_parser::program::Program;
 pub use ccattler_store::etcd::{Held, Op};
@@ -81,13 +81,25 @@ pub struct PlanCursor {
     after: Option<String>,
 }
 
+/// A key as etcd holds it, as far as planning needs: its value, and the
+/// revision a compare-and-swap names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stored {
+    value: String,
+    mod_revision: i64,
+}
+
 pub struct Reconciler {
     engine: Engine,
     program: Arc<Program>,
     pub inputs: InputFacts,
     pub outputs: OutputFacts,
-    /// Output and status keys as etcd holds them.
-    held: BTreeMap<String, Held>,
+    /// Output and status keys as etcd holds them (as last seen), except a
+    /// derived key etcd holds with its derived value: its resolved entry
+    /// keeps etcd's revision of it ([`Derived::stored_at`]), so the key and
+    /// value are held once. Here: records, keys nothing derives, keys whose
+    /// derived value moved on and is not yet written.
+    held: BTreeMap<String, Stored>,
     /// Keys whose derived or held value may differ.
     dirty: BTreeSet<String>,
     /// Every managed key may differ (a fresh start, a takeover): cheaper
@@ -134,9 +146,43 @@ impl Reconciler {
         &self.program
     }
 
-    /// A managed key as etcd holds it (as last seen).
-    pub fn held(&self, key: &str) -> Option<&Held> {
-        self.held.get(key)
+    /// A managed key's value as etcd holds it (as last seen).
+    pub fn held_value(&self, key: &str) -> Option<&str> {
+        self.held_at(key).map(|(value, _)| value)
+    }
+
+    /// A managed key as etcd holds it (as last seen): value and revision.
+    fn held_at(&self, key: &str) -> Option<(&str, i64)> {
+        match self.held.get(key) {
+            Some(s) => Some((&s.value, s.mod_revision)),
+            None => self.outputs.resolved.get(key).and_then(|d| Some((d.as_str(), d.stored_at()?))),
+        }
+    }
+
+    /// etcd now holds `now` (value, revision; `None`: nothing) at managed
+    /// key `key`: kept in the key's resolved entry if that is its derived
+    /// value, in `held` otherwise.
+    fn hold(&mut self, key: &str, now: Option<(&str, i64)>) {
+        let derived = self.outputs.resolved.get_mut(key);
+        match (now, derived) {
+            (Some((value, rev)), Some(d)) if d.as_str() == value => {
+                d.set_stored_at(Some(rev));
+                self.held.remove(key);
+            }
+            (now, derived) => {
+                if let Some(d) = derived {
+                    d.set_stored_at(None);
+                }
+                match now {
+                    Some((value, mod_revision)) => {
+                        self.held.insert(key.to_string(), Stored { value: value.to_string(), mod_revision });
+                    }
+                    None => {
+                        self.held.remove(key);
+                    }
+                }
+            }
+        }
     }
 
     /// The last revision applied.
@@ -248,7 +294,7 @@ impl Reconciler {
         let (outputs, program) = (&mut self.outputs, &self.program);
         self.engine.apply_streaming(vec![(time, changes)], |part| outputs.count(program, &part, &mut touched))?;
         let evaluated = t.elapsed();
-        self.outputs.resolve_all(&self.program, &touched);
+        self.resolve(&touched);
         if t.elapsed().as_secs() >= 1 {
             tracing::debug!(time, evaluate = evaluated.as_secs_f64(), resolve = (t.elapsed() - evaluated).as_secs_f64(), "evaluated");
         }
@@ -275,6 +321,45 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Resolves the keys an evaluation touched, keeping etcd's copy of each
+    /// where it belongs: a key whose derived value moves on leaves its copy
+    /// in `held`; one whose new value is what `held` has takes it in.
+    fn resolve(&mut self, touched: &[String]) {
+        if self.outputs.resolved.is_empty() {
+            // A first load: every key is new; one pass over both, in order.
+            self.outputs.resolve_all(&self.program, touched);
+            let mut resolved = self.outputs.resolved.iter_mut().peekable();
+            self.held.retain(|key, stored| {
+                while resolved.next_if(|(k, _)| k.as_str() < key.as_str()).is_some() {}
+                match resolved.peek_mut() {
+                    Some((k, d)) if *k == key && d.as_str() == stored.value => {
+                        d.set_stored_at(Some(stored.mod_revision));
+                        false
+                    }
+                    _ => true,
+                }
+            });
+            return;
+        }
+        let held = &mut self.held;
+        // New values etcd already holds: their revisions, set once resolved.
+        let mut stored = Vec::new();
+        self.outputs.resolve_all_noting(&self.program, touched, |at, key, old, new| {
+            if let Some((old, rev)) = old.and_then(|d| d.stored_at().map(|rev| (d, rev))) {
+                held.insert(key.to_string(), Stored { value: Derived::into_value(old), mod_revision: rev });
+            }
+            if let Some(s) = held.get(key).filter(|s| Some(s.value.as_str()) == new) {
+                stored.push((at, s.mod_revision));
+                held.remove(key);
+            }
+        });
+        for (at, rev) in stored {
+            if let Some(d) = self.outputs.resolved.get_mut(&touched[at]) {
+                d.set_stored_at(Some(rev));
+            }
+        }
+    }
+
     /// Records one revision's events; returns the tuple changes they cause.
     fn record(&mut self, events: &[Event]) -> Vec<ccattler_engine::Change> {
         let mut changes = Vec::new();
@@ -288,10 +373,7 @@ impl Reconciler {
                 self.dirty.insert(ccattler_engine::facts::rejection_record(&e.key));
             }
             if self.is_managed_key(&e.key) {
-                match &e.value {
-                    Some(h) => self.held.insert(e.key.clone(), h.clone()),
-                    None => self.held.remove(&e.key),
-                };
+                self.hold(&e.key, e.value.as_ref().map(|h| (h.value.as_str(), h.mod_revision)));
                 if !self.all_dirty {
                     self.dirty.insert(e.key.clone());
                 }
@@ -311,7 +393,8 @@ impl Reconciler {
         }
         let mut events = Vec::new();
         let snap: BTreeMap<String, Held> = snapshot.into_iter().collect();
-        let known: BTreeSet<&String> = self.inputs.facts.keys().chain(self.inputs.rejected.keys()).chain(self.held.keys()).collect();
+        let stored = self.outputs.resolved.iter().filter(|(_, d)| d.stored_at().is_some()).map(|(k, _)| k);
+        let known: BTreeSet<&String> = self.inputs.facts.keys().chain(self.inputs.rejected.keys()).chain(self.held.keys()).chain(stored).collect();
         for k in known {
             if !snap.contains_key(k) {
                 events.push(Event { key: k.clone(), value: None });
@@ -319,7 +402,7 @@ impl Reconciler {
         }
         for (k, h) in &snap {
             let same_input = self.inputs.facts.get(k).is_some_and(|f| f.value == h.value && f.mod_revision == h.mod_revision as u64);
-            let same_held = self.held.get(k) == Some(h);
+            let same_held = self.held_at(k) == Some((h.value.as_str(), h.mod_revision));
             // Unknown keys are applied too: an input or a managed key enters,
             // anything else is ignored by `apply`.
             if !(same_input || same_held) {
@@ -406,7 +489,7 @@ impl Reconciler {
                         .chain(conflicts)
                         .chain(invalid)
                         .chain(blocked)
-                        .filter(|k| !self.held.contains_key(k) && !self.outputs.resolved.contains_key(k))
+                        .filter(|k| self.held_at(k).is_none() && !self.outputs.resolved.contains_key(k))
                         .collect();
                     r.sort();
                     records = r;
@@ -450,7 +533,7 @@ impl Reconciler {
 
     /// The write a managed key needs, if any.
     fn op_for(&self, key: &str) -> Option<Op> {
-        let held = self.held.get(key);
+        let held = self.held_at(key);
         if let Some((_, want)) = self.blocked.get(key) {
             // Refused for good: not again while the rules want the same.
             if self.desired_value(key).as_deref() == want.as_deref() {
@@ -461,8 +544,8 @@ impl Reconciler {
         let conflicted = self.outputs.conflicts.contains_key(key);
         match (self.desired_value(key), held) {
             (Some(v), None) => Some(Op::Create { key: key.to_string(), value: v.into_owned() }),
-            (Some(v), Some(h)) if v != h.value => Some(Op::Update { key: key.to_string(), value: v.into_owned(), mod_revision: h.mod_revision }),
-            (None, Some(h)) if !conflicted => Some(Op::Delete { key: key.to_string(), mod_revision: h.mod_revision }),
+            (Some(v), Some((value, mod_revision))) if v != value => Some(Op::Update { key: key.to_string(), value: v.into_owned(), mod_revision }),
+            (None, Some((_, mod_revision))) if !conflicted => Some(Op::Delete { key: key.to_string(), mod_revision }),
             _ => None,
         }
     }
@@ -472,16 +555,8 @@ impl Reconciler {
     pub fn written(&mut self, ops: &[Op], rev: i64) {
         for op in ops {
             match op {
-                Op::Create { key, value } => {
-                    self.held.insert(key.clone(), Held { value: value.clone(), mod_revision: rev, create_revision: rev });
-                }
-                Op::Update { key, value, .. } => {
-                    let create_revision = self.held.get(key).map_or(rev, |h| h.create_revision);
-                    self.held.insert(key.clone(), Held { value: value.clone(), mod_revision: rev, create_revision });
-                }
-                Op::Delete { key, .. } => {
-                    self.held.remove(key);
-                }
+                Op::Create { key, value } | Op::Update { key, value, .. } => self.hold(key, Some((value, rev))),
+                Op::Delete { key, .. } => self.hold(key, None),
             }
             self.dirty.remove(op.key());
         }
@@ -634,5 +709,69 @@ mod tests {
         .unwrap();
         assert!(r.plan().is_empty());
         assert!(r.full_plan().is_empty());
+    }
+
+    #[test]
+    fn a_derived_key_etcd_holds_as_derived_is_held_once() {
+        let mut r = Reconciler::new(program(), 1).unwrap();
+        let held = |v: &str, rev| Held { value: v.into(), mod_revision: rev, create_revision: rev };
+        r.rebase(
+            9,
+            vec![
+                ("intent/user/service/web/instances".into(), held("3", 5)),
+                ("effective/service/web/instances".into(), held("3", 6)),
+                ("effective/service/gone/instances".into(), held("1", 7)),
+            ],
+        )
+        .unwrap();
+        // etcd's copy of the derived key is its resolved entry's revision;
+        // the key nothing derives stays apart, to be deleted.
+        assert_eq!(r.held.keys().collect::<Vec<_>>(), ["effective/service/gone/instances"]);
+        assert_eq!(r.held_at("effective/service/web/instances"), Some(("3", 6)));
+        assert_eq!(r.plan(), vec![Op::Delete { key: "effective/service/gone/instances".into(), mod_revision: 7 }]);
+        r.written(&r.plan(), 10);
+
+        // The derived value moves on: etcd's copy leaves the entry, and the
+        // update names etcd's revision of it.
+        r.apply(11, &[put("intent/user/service/web/instances", "4", 11)]).unwrap();
+        assert_eq!(r.held_at("effective/service/web/instances"), Some(("3", 6)));
+        assert_eq!(r.plan(), vec![Op::Update { key: "effective/service/web/instances".into(), value: "4".into(), mod_revision: 6 }]);
+        r.written(&r.plan(), 12);
+        assert!(r.held.is_empty() && r.plan().is_empty());
+        r.apply(12, &[put("effective/service/web/instances", "4", 12)]).unwrap();
+        assert!(r.held.is_empty() && r.plan().is_empty());
+
+        // Someone else writes the key: its copy is apart until restored.
+        r.apply(13, &[put("effective/service/web/instances", "9", 13)]).unwrap();
+        assert_eq!(r.plan(), vec![Op::Update { key: "effective/service/web/instances".into(), value: "4".into(), mod_revision: 13 }]);
+        // The rules come round to what etcd holds: nothing to write.
+        r.apply(14, &[put("intent/user/service/web/instances", "9", 14)]).unwrap();
+        assert!(r.plan().is_empty());
+        assert!(r.held.is_empty(), "taken into the entry: {:?}", r.held);
+        assert_eq!(r.held_at("effective/service/web/instances"), Some(("9", 13)));
+
+        // Deleted by hand: created again.
+        r.apply(15, &[Event { key: "effective/service/web/instances".into(), value: None }]).unwrap();
+        assert_eq!(r.held_at("effective/service/web/instances"), None);
+        assert_eq!(r.plan(), vec![Op::Create { key: "effective/service/web/instances".into(), value: "9".into() }]);
+    }
+
+    #[test]
+    fn a_resync_onto_the_same_state_rewrites_nothing() {
+        let snapshot = |eff_rev| {
+            vec![
+                ("intent/user/service/web/instances".to_string(), Held { value: "3".into(), mod_revision: 5, create_revision: 5 }),
+                ("effective/service/web/instances".to_string(), Held { value: "3".into(), mod_revision: eff_rev, create_revision: 6 }),
+            ]
+        };
+        let mut r = Reconciler::new(program(), 1).unwrap();
+        r.rebase(9, snapshot(6)).unwrap();
+        r.clean();
+        r.rebase(10, snapshot(6)).unwrap();
+        assert!(r.plan().is_empty());
+        // Rewritten with the same value meanwhile: the new revision is taken.
+        r.rebase(11, snapshot(10)).unwrap();
+        assert!(r.plan().is_empty());
+        assert_eq!(r.held_at("effective/service/web/instances"), Some(("3", 10)));
     }
 }

@@ -315,11 +315,30 @@ pub struct Derived {
     value: String,
     rule: u32,
     count: i32,
+    /// The store's revision of this key (etcd's `mod_revision`) when the
+    /// writer last saw it hold this value; 0: not seen holding it. The
+    /// controller keeps etcd's copy of a key here rather than apart.
+    stored_at: i64,
 }
 
 impl Derived {
     fn new(value: String) -> Derived {
-        Derived { value, rule: 0, count: 0 }
+        Derived { value, rule: 0, count: 0, stored_at: 0 }
+    }
+
+    /// The store's revision of this key when it was last seen holding this
+    /// value (kept while the value stays), if it was.
+    pub fn stored_at(&self) -> Option<i64> {
+        (self.stored_at != 0).then_some(self.stored_at)
+    }
+
+    pub fn set_stored_at(&mut self, revision: Option<i64>) {
+        self.stored_at = revision.unwrap_or(0);
+    }
+
+    /// The value, moved out.
+    pub fn into_value(self) -> String {
+        self.value
     }
 
     pub fn as_str(&self) -> &str {
@@ -501,10 +520,19 @@ impl OutputFacts {
     /// state inside the batch (one value of a key that ends conflicted)
     /// never counts as the key's value.
     pub fn resolve_all(&mut self, program: &Program, touched: &[String]) {
+        self.resolve_all_noting(program, touched, |_, _, _, _| {});
+    }
+
+    /// [`OutputFacts::resolve_all`], telling `changed` of each key whose
+    /// resolved value changes, once: the key's index in `touched`, the key,
+    /// its old entry (moved out; with where it was stored) and its new value
+    /// (`None`: none). A key whose value stays keeps its `stored_at`. Costs
+    /// no lookup beyond resolving's own.
+    pub fn resolve_all_noting(&mut self, program: &Program, touched: &[String], mut changed: impl FnMut(usize, &str, Option<Derived>, Option<&str>)) {
         // Into an empty map (a cold start) the keys go in bulk, sorted.
         let mut fresh = self.resolved.is_empty().then(Vec::new);
-        for key in touched {
-            self.resolve(program, key, &mut fresh);
+        for (at, key) in touched.iter().enumerate() {
+            self.resolve(program, key, &mut fresh, &mut |key, old, new| changed(at, key, old, new));
         }
         if let Some(fresh) = fresh {
             self.resolved = fresh.into_iter().collect();
@@ -542,12 +570,20 @@ impl OutputFacts {
     /// Brings `resolved` and `conflicts` in line with a key's candidates,
     /// and leaves a key with one candidate in `resolved` alone. A key new to
     /// `resolved` goes to `fresh` instead, if given.
-    fn resolve(&mut self, program: &Program, key: &str, fresh: &mut Option<Vec<(String, Derived)>>) {
+    fn resolve(
+        &mut self,
+        program: &Program,
+        key: &str,
+        fresh: &mut Option<Vec<(String, Derived)>>,
+        changed: &mut impl FnMut(&str, Option<Derived>, Option<&str>),
+    ) {
         // (Not counted since its last resolve: already resolved.)
         let Some(cands) = self.candidates.get(key) else { return };
         if cands.is_empty() {
             self.candidates.remove(key);
-            self.resolved.remove(key);
+            if let Some(old) = self.resolved.remove(key) {
+                changed(key, Some(old), None);
+            }
             self.conflicts.remove(key);
             return;
         }
@@ -555,16 +591,27 @@ impl OutputFacts {
             if let (Ok(rule), Ok(count)) = (u32::try_from(only.rule), i32::try_from(only.count)) {
                 let (key, mut cands) = self.candidates.remove_entry(key).expect("just read");
                 let value = cands.pop().expect("one").value;
-                let derived = Derived { value, rule, count };
+                let mut derived = Derived { value, rule, count, stored_at: 0 };
                 self.conflicts.remove(&key);
                 match self.resolved.get_mut(&key) {
-                    Some(held) => *held = derived,
-                    None => match fresh {
-                        Some(fresh) => fresh.push((key, derived)),
-                        None => {
-                            self.resolved.insert(key, derived);
+                    Some(held) => {
+                        if held.value == derived.value {
+                            derived.stored_at = held.stored_at;
+                            *held = derived;
+                        } else {
+                            let old = std::mem::replace(held, derived);
+                            changed(&key, Some(old), Some(&held.value));
                         }
-                    },
+                    }
+                    None => {
+                        changed(&key, None, Some(&derived.value));
+                        match fresh {
+                            Some(fresh) => fresh.push((key, derived)),
+                            None => {
+                                self.resolved.insert(key, derived);
+                            }
+                        }
+                    }
                 }
                 return;
             }
@@ -574,15 +621,19 @@ impl OutputFacts {
             match self.resolved.get_mut(key) {
                 Some(v) => {
                     if v.value != *first {
-                        first.clone_into(&mut v.value);
+                        let old = Derived { value: std::mem::replace(&mut v.value, first.clone()), stored_at: std::mem::take(&mut v.stored_at), ..*v };
+                        changed(key, Some(old), Some(first));
                     }
                 }
-                None => match fresh {
-                    Some(fresh) => fresh.push((key.to_string(), Derived::new(first.clone()))),
-                    None => {
-                        self.resolved.insert(key.to_string(), Derived::new(first.clone()));
+                None => {
+                    changed(key, None, Some(first));
+                    match fresh {
+                        Some(fresh) => fresh.push((key.to_string(), Derived::new(first.clone()))),
+                        None => {
+                            self.resolved.insert(key.to_string(), Derived::new(first.clone()));
+                        }
                     }
-                },
+                }
             }
             self.conflicts.remove(key);
             return;

@@ -23,10 +23,39 @@ pub enum SessionError {
 /// among them on a thread of their own while the engine evaluates them.
 const STORE_THREAD_WRITES: usize = 10_000;
 
-/// The writes of a revision the simulated store keeps: those to output keys
-/// and rejection records.
-fn stored_writes<'w>(program: &Program, writes: &'w [Write]) -> Vec<&'w Write> {
-    writes.iter().filter(|(key, _)| key.starts_with(REJECTED) || is_output_key(program, key)).collect()
+/// The store's side of a revision, as far as it needs no derived value:
+/// the write-back's writes to output keys hold what is derived (nothing has
+/// resolved since they were planned), so they leave `unwritten` here.
+/// Returns the writes left to store: rejection records, and output keys
+/// written from outside.
+fn take_writes<'w>(program: &Program, writes: &'w [Write], writer: Writer, unwritten: &mut Unwritten) -> Vec<&'w Write> {
+    let mut rest = Vec::new();
+    for write in writes {
+        let key = &write.0;
+        if key.starts_with(REJECTED) {
+            rest.push(write);
+        } else if is_output_key(program, key) {
+            match writer {
+                Writer::WriteBack => {
+                    unwritten.remove(key);
+                }
+                Writer::Outside => rest.push(write),
+            }
+        }
+    }
+    rest
+}
+
+/// Output keys whose stored value is not the derived one: what each holds.
+type Unwritten = HashMap<String, Option<String>, foldhash::fast::RandomState>;
+
+/// Who writes a revision.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Writer {
+    /// A user, a test, an agent: anything may differ from what is derived.
+    Outside,
+    /// The write-back: the derived value of each key it writes.
+    WriteBack,
 }
 
 /// A write: `Some(value)` puts, `None` deletes.
@@ -39,7 +68,7 @@ pub struct Session {
     /// holds its derived value, so the store keeps no second copy of the
     /// derived keys it agrees with (nearly all of them, once written back).
     /// (Looked up by key only: a hash map, as keys share long prefixes.)
-    unwritten: HashMap<String, Option<String>, foldhash::fast::RandomState>,
+    unwritten: Unwritten,
     /// The rejection records it holds (`status/rejected/K`), written back
     /// as the controller writes them.
     stored_records: BTreeMap<String, String>,
@@ -89,7 +118,7 @@ impl Session {
     /// the bridge does) until the store holds exactly the derived outputs.
     pub fn write(&mut self, writes: &[Write]) -> Result<(), SessionError> {
         let start = std::time::Instant::now();
-        self.apply(writes)?;
+        self.apply(writes, Writer::Outside)?;
         self.last_first_diff = start.elapsed();
         self.last_writes = 0;
         for round in 0..MAX_ROUNDS {
@@ -101,9 +130,12 @@ impl Session {
                 if self.unwritten.capacity() > 64.max(4 * self.unwritten.len()) {
                     self.unwritten.shrink_to(2 * self.unwritten.len());
                 }
+                if writes.len() + self.last_writes >= crate::runtime::COLLECT_AFTER_ROWS {
+                    crate::give_back_freed_memory();
+                }
                 return Ok(());
             }
-            self.apply(&back)?;
+            self.apply(&back, Writer::WriteBack)?;
         }
         let mut pending: Vec<String> = self.reconcile().into_iter().map(|(k, _)| k).collect();
         pending.sort_unstable();
@@ -129,7 +161,7 @@ impl Session {
         let diffs = self.engine.apply(self.rev, changes)?;
         let mut touched = Vec::new();
         self.outputs.count(&program, &diffs, &mut touched);
-        self.resolve(&program, &touched);
+        self.resolve(&program, touched);
         Ok(())
     }
 
@@ -153,20 +185,21 @@ impl Session {
     /// Resolves the keys counted diffs touched. A key whose derived value
     /// changes keeps what the store holds in `unwritten` (until written
     /// back); one whose derived value comes to equal the store's leaves it.
-    fn resolve(&mut self, program: &Program, touched: &[String]) {
-        for key in touched {
-            if !self.unwritten.contains_key(key) {
-                let held = self.outputs.resolved.get(key).map(|d| d.to_string());
-                self.unwritten.insert(key.clone(), held);
-            }
-        }
-        self.outputs.resolve_all(program, touched);
-        for key in touched {
-            if let Some(instead) = self.unwritten.get(key) {
-                if instead.as_deref() == self.outputs.resolved.get(key).map(|d| d.as_str()) {
-                    self.unwritten.remove(key);
+    fn resolve(&mut self, program: &Program, mut touched: Vec<String>) {
+        let unwritten = &mut self.unwritten;
+        // Keys new to `unwritten`, moved out of `touched` afterwards.
+        let mut entering = Vec::new();
+        self.outputs.resolve_all_noting(program, &touched, |at, key, old, new| match unwritten.get(key) {
+            Some(stored) => {
+                if stored.as_deref() == new {
+                    unwritten.remove(key);
                 }
             }
+            None => entering.push((at, old.map(Derived::into_value))),
+        });
+        unwritten.reserve(entering.len());
+        for (at, old) in entering {
+            unwritten.insert(std::mem::take(&mut touched[at]), old);
         }
     }
 
@@ -174,7 +207,7 @@ impl Session {
     /// may now need writing back, each once: those the engine's diffs touch,
     /// and output keys written from outside (the write-back writes what
     /// is derived, so its keys match until the engine changes them).
-    fn apply(&mut self, writes: &[Write]) -> Result<(), SessionError> {
+    fn apply(&mut self, writes: &[Write], writer: Writer) -> Result<(), SessionError> {
         self.rev += 1;
         let rev = self.rev;
         let program = self.engine.program().clone();
@@ -189,16 +222,21 @@ impl Session {
         // workers still run, and resolved once all are in. The store's keys
         // among a large revision's writes are picked out on a thread of
         // their own meanwhile (a small one is not worth a thread).
-        let (engine, outputs) = (&mut self.engine, &mut self.outputs);
+        let (engine, outputs, unwritten) = (&mut self.engine, &mut self.outputs, &mut self.unwritten);
         let mut touched = Vec::new();
         let evaluate = || engine.apply_streaming(vec![(rev, changes)], |part| outputs.count(&program, &part, &mut touched));
+        let program_ref: &Program = &program;
+        let store = move || {
+            let unwritten = unwritten; // moved in: the closure runs once
+            take_writes(program_ref, writes, writer, unwritten)
+        };
         let (stored, evaluated) = if writes.len() < STORE_THREAD_WRITES {
-            (stored_writes(&program, writes), evaluate())
+            (store(), evaluate())
         } else {
             std::thread::scope(|s| {
-                let stored = s.spawn(|| stored_writes(&program, writes));
+                let stored = s.spawn(store);
                 let evaluated = evaluate();
-                (stored.join().expect("picking keys out does not panic"), evaluated)
+                (stored.join().expect("the store's bookkeeping does not panic"), evaluated)
             })
         };
         evaluated?;
@@ -213,7 +251,7 @@ impl Session {
                 self.store_output(key, value.as_ref());
             }
         }
-        self.resolve(&program, &touched);
+        self.resolve(&program, touched);
         Ok(())
     }
 

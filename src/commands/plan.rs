@@ -20,7 +20,7 @@ pub(crate) fn plan(etcd: &EtcdArgs, rules: &[PathBuf]) -> anyhow::Result<ExitCod
         match op {
             Op::Create { key, value } => println!("+ {key} = {}", ccattler_engine::factfile::format_value(value)),
             Op::Update { key, value, .. } => {
-                let old = r.held(key).map(|h| h.value.clone()).unwrap_or_default();
+                let old = r.held_value(key).map(str::to_string).unwrap_or_default();
                 println!("~ {key} = {} (was {})", ccattler_engine::factfile::format_value(value), ccattler_engine::factfile::format_value(&old));
             }
             Op::Delete { key, .. } => println!("- {key}"),
