@@ -929,9 +929,6 @@ async fn load_snapshot(mut client: Client, program: &Program, r: &mut Reconciler
             book.observe(k, Some(h));
         }
         tokio::task::block_in_place(|| r.rebase(rev as u64, snap))?;
-        if keys >= ccattler_engine::runtime::COLLECT_AFTER_ROWS {
-            ccattler_engine::give_back_freed_memory();
-        }
         return Ok((client, rev, keys));
     }
     let rev = etcd::current_revision(&mut client).await.map_err(Fault::Retry)?;
@@ -953,9 +950,6 @@ async fn load_snapshot(mut client: Client, program: &Program, r: &mut Reconciler
     read.await.expect("the snapshot reader does not panic").map_err(Fault::Retry)?;
     info!(keys, seconds = t.elapsed().as_secs_f64(), "snapshot read and staged");
     tokio::task::block_in_place(|| r.finish_load(rev as u64))?;
-    if keys >= ccattler_engine::runtime::COLLECT_AFTER_ROWS {
-        ccattler_engine::give_back_freed_memory();
-    }
     Ok((client, rev, keys))
 }
 
@@ -1074,7 +1068,7 @@ async fn write_back(
     // Halves of a transaction etcd refused for good, to find the key behind it.
     let mut retry: Vec<Vec<crate::reconcile::Op>> = Vec::new();
     let mut running = tokio::task::JoinSet::new();
-    let (mut last, mut refused, mut failure, mut keys) = (0u64, None::<u64>, None, 0usize);
+    let (mut last, mut refused, mut failure) = (0u64, None::<u64>, None);
     loop {
         while refused.is_none() && failure.is_none() && running.len() < IN_FLIGHT {
             let chunk = match retry.pop() {
@@ -1096,7 +1090,6 @@ async fn write_back(
             Ok(Written::Committed(rev)) => {
                 r.written(&chunk, rev);
                 metrics.txn(true, chunk.len());
-                keys += chunk.len();
                 last = last.max(rev as u64);
             }
             Ok(Written::Refused(rev)) => {
@@ -1129,11 +1122,6 @@ async fn write_back(
                 None => failure = Some(e),
             },
         }
-    }
-    // A cold start's or a resync's write-back: what its planning and
-    // transactions freed goes back to the OS rather than staying resident.
-    if keys >= ccattler_engine::runtime::COLLECT_AFTER_ROWS {
-        ccattler_engine::give_back_freed_memory();
     }
     if let Some(e) = failure {
         return Err(e);
