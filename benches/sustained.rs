@@ -63,6 +63,11 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// Each process's resident MiB now, joined by " + ".
+fn rss_now(pids: &[u32]) -> String {
+    pids.iter().map(|&p| format!("{:.0}", status_mib(p, "VmRSS"))).collect::<Vec<_>>().join(" + ")
+}
+
 /// A `/proc/PID/status` figure in MiB (`VmHWM`: peak RSS, `VmRSS`: now).
 fn status_mib(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -181,8 +186,7 @@ async fn run(p: &Params, etcd: &Etcd, lay: &synth::Layout, processes: usize, win
     let at = head(&mut client).await as f64;
     wait("the controller to lead and settle", || metric(c.port, "leader") == Some(1.0) && metric(c.port, "settled_revision").is_some_and(|s| s >= at)).await;
     println!("  settled on {} facts in {:.1} s", metric(c.port, "facts_held").unwrap_or(0.0), t.elapsed().as_secs_f64());
-    let rss: Vec<String> = c.pids().iter().map(|&p| format!("{:.0}", status_mib(p, "VmRSS"))).collect();
-    println!("  RSS once settled: {} MiB", rss.join(" + "));
+    println!("  RSS once settled: {} MiB", rss_now(&c.pids()));
 
     let stop = Arc::new(AtomicBool::new(false));
     let clock = Arc::new(AtomicI64::new(synth::SYNTH_CLOCK));
@@ -310,8 +314,7 @@ async fn run(p: &Params, etcd: &Etcd, lay: &synth::Layout, processes: usize, win
     }
     let cpu_cores: Vec<f64> = pids.iter().zip(&cpu_before).map(|(&p, before)| (cpu_seconds(p) - before) / started.elapsed().as_secs_f64()).collect();
     let peak_rss_mib: Vec<f64> = pids.iter().map(|&p| status_mib(p, "VmHWM")).collect();
-    let rss: Vec<String> = pids.iter().map(|&p| format!("{:.0}", status_mib(p, "VmRSS"))).collect();
-    println!("  RSS at the end of the load: {} MiB", rss.join(" + "));
+    println!("  RSS at the end of the load: {} MiB", rss_now(&pids));
     stop.store(true, Ordering::Relaxed);
     // The last changes get a while to land, then whatever is still pending is counted.
     let deadline = Instant::now() + Duration::from_secs(30);

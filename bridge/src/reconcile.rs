@@ -345,12 +345,17 @@ impl Reconciler {
         // New values etcd already holds: their revisions, set once resolved.
         let mut stored = Vec::new();
         self.outputs.resolve_all_noting(&self.program, touched, |at, key, old, new| {
-            if let Some((old, rev)) = old.and_then(|d| d.stored_at().map(|rev| (d, rev))) {
-                held.insert(key.to_string(), Stored { value: Derived::into_value(old), mod_revision: rev });
-            }
-            if let Some(s) = held.get(key).filter(|s| Some(s.value.as_str()) == new) {
-                stored.push((at, s.mod_revision));
-                held.remove(key);
+            match old.and_then(|d| d.stored_at().map(|rev| (d, rev))) {
+                // etcd held the old value (so not the new one): it stays apart.
+                Some((old, rev)) => {
+                    held.insert(key.to_string(), Stored { value: Derived::into_value(old), mod_revision: rev });
+                }
+                None => {
+                    if let Some(s) = held.get(key).filter(|s| Some(s.value.as_str()) == new) {
+                        stored.push((at, s.mod_revision));
+                        held.remove(key);
+                    }
+                }
             }
         });
         for (at, rev) in stored {

@@ -21,6 +21,6 @@ pub mod session;
 pub mod synth;
 pub mod value;
 
-pub use runtime::{default_workers, disable_huge_pages, give_back_freed_memory, serve, Change, Cluster, Engine, EngineError, Reads, Snapshot};
+pub use runtime::{default_workers, disable_huge_pages, serve, Change, Cluster, Engine, EngineError, Reads, Snapshot};
 pub use session::{Session, SessionError};
 pub use value::{Row, Value};

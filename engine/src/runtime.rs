@@ -97,25 +97,6 @@ pub fn disable_huge_pages() {
     }
 }
 
-/// Keys a session's revision and its write-back must write (a cold start)
-/// before the memory freed meanwhile is given back to the OS.
-pub const COLLECT_AFTER_ROWS: usize = 100_000;
-
-/// Gives the pages this thread's allocator freed back to the OS (mimalloc,
-/// the binaries' allocator; with another allocator, nothing of note). A
-/// cold start frees much of what it allocated — batches merged, buffers
-/// drained — and mimalloc otherwise keeps those pages for reuse: resident
-/// memory after the 500-node benchmark's cold load fell from 335 to 266
-/// MiB (live heap 194 MiB). Called on the thread that drove the revision
-/// (workers calling it too gave back nothing more); costs a walk over the
-/// heap, so only after large revisions. (The controller, whose cold start
-/// runs on tokio's threads, gained nothing from it at 5,000 nodes: RSS once
-/// settled 1,659 and 1,646 MiB with it, 1,645 without; it does not call it.)
-pub fn give_back_freed_memory() {
-    // SAFETY: mi_collect takes no pointers and may be called on any thread.
-    unsafe { libmimalloc_sys::mi_collect(true) };
-}
-
 /// The default number of workers: one per core. On 2 cores, two workers
 /// loaded the benchmark cluster 1.7x as fast as one and answered a single
 /// change sooner too (each runs every operator on half the data).
