@@ -2,6 +2,7 @@
 //! stratum is built in order; recursive strata iterate to a fixed point.
 
 use crate::plan::{compare, AtomFilter, CExpr, CHead, RulePlan, Step};
+use crate::temporal;
 use crate::rows::{RowKeyBatcher, RowKeyBuilder, RowKeySpine, RowRef, RowValBatcher, RowValBuilder, RowValSpine};
 use crate::value::{Row, Value};
 use ccattler_parser::program::{Builtin, Program, RelId};
@@ -56,6 +57,9 @@ struct Scope<'s, T: Timestamp + Lattice> {
     /// `distinct` as this scope's time allows ([`distinct_total`] where it
     /// is a revision).
     dedup: fn(Coll<'s, T>, &str) -> Coll<'s, T>,
+    /// A join run as a temporal filter ([`temporal`]), where time is a
+    /// revision (its operator takes revisions in order).
+    temporal: Option<fn(Coll<'s, T>, Coll<'s, T>, temporal::Placed, &str) -> Coll<'s, T>>,
 }
 
 impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
@@ -149,7 +153,8 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         let last = segments.len().saturating_sub(1);
         let mut b: Option<Coll<'s, T>> = None;
         let mut skip = 0;
-        if let Some(pos_a) = paired_start(&segments) {
+        let mut temporal = self.temporal.and_then(|join| Some((join, temporal::find(plan)?)));
+        if let Some(pos_a) = paired_start(&segments).filter(|_| !matches!(temporal, Some((_, (1, _))))) {
             let finish = Finish { pure: segments[1].1.clone().into(), head: (last == 1 && !aggregate).then(|| plan.clone()) };
             b = Some(self.paired_join(&segments, pos_a, finish, nvars));
             skip = 2;
@@ -160,6 +165,14 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
             let finish = Finish { pure: pure.into(), head: (n == last && !aggregate).then(|| plan.clone()) };
             // The variables a binding arrives with that are still read.
             let arriving: Rc<[usize]> = if n == 0 { Rc::from(Vec::new()) } else { layouts[n - 1].clone() };
+            if let Some((join, (_, t))) = temporal.take_if(|(_, (at, _))| *at == n) {
+                let facts = self.relation(t.rel);
+                let name = format!("Bindings of {} against {} (temporal)", plan.label, self.names[t.rel]);
+                let blank = finish.head.is_none();
+                let placed = temporal::Placed { temporal: t, arriving, nvars, blank, finish: Rc::new(move |row| finish.run(row)) };
+                b = Some(join(b.expect("a temporal join follows a segment"), facts, placed, &name));
+                continue;
+            }
             b = Some(match (head, b) {
                 // A leading atom is a scan of its relation, not a join.
                 (Some(Step::Join { rel, filter, key, bind }), None) => {
@@ -273,7 +286,7 @@ fn paired_start(segments: &[(Option<&Step>, Vec<Step>)]) -> Option<Vec<usize>> {
 
 /// Splits a plan into (join or anti-join, the pure steps after it). A plan
 /// that starts with pure steps gets a first segment without a join.
-fn segments(steps: &[Step]) -> Vec<(Option<&Step>, Vec<Step>)> {
+pub(crate) fn segments(steps: &[Step]) -> Vec<(Option<&Step>, Vec<Step>)> {
     let mut out: Vec<(Option<&Step>, Vec<Step>)> = Vec::new();
     for step in steps {
         match step {
@@ -291,7 +304,7 @@ fn segments(steps: &[Step]) -> Vec<(Option<&Step>, Vec<Step>)> {
 /// a later step or the head. An aggregate ranges over the distinct bindings
 /// of its body, so an aggregate rule's bindings keep every variable bound so
 /// far (two bindings that differ only in one no step reads are two).
-fn layouts(plan: &RulePlan, segments: &[(Option<&Step>, Vec<Step>)]) -> Vec<Rc<[usize]>> {
+pub(crate) fn layouts(plan: &RulePlan, segments: &[(Option<&Step>, Vec<Step>)]) -> Vec<Rc<[usize]>> {
     let aggregate = plan.has_aggregate();
     let mut head_reads = BTreeSet::new();
     for h in &plan.head_terms {
@@ -751,14 +764,18 @@ pub fn lookups(program: &Program, plans: &[Rc<RulePlan>], groups: &[BTreeSet<Rel
                     // segment's is a lookup; a leading atom is a scan,
                     // unless a join or an anti-join follows it at once
                     // ([`paired_start`]).
+                    // A temporal join ([`temporal`]) reads its relation's
+                    // collection, not an arrangement.
                     let segs = segments(&p.steps);
+                    let temporal_at = temporal::find(p).map(|(n, _)| n);
                     if let (Some(pos), Some((Some(Step::Join { rel, filter, .. }), _))) = (paired_start(&segs), segs.first()) {
-                        if !derived.contains(rel) {
+                        if !derived.contains(rel) && temporal_at != Some(1) {
                             out.insert(Lookup::Join(*rel, filter.clone(), pos));
                         }
                     }
                     for (n, (head, _)) in segs.into_iter().enumerate() {
                         match head {
+                            _ if temporal_at == Some(n) => {}
                             Some(Step::Join { rel, filter, key, .. }) if n > 0 && !derived.contains(rel) => {
                                 out.insert(Lookup::Join(*rel, filter.clone(), key.iter().map(|(p, _)| *p).collect()));
                             }
@@ -858,6 +875,7 @@ pub fn build<'s>(
         arities: arities.clone(),
         read: BTreeSet::new(),
         dedup: dedup_total,
+        temporal: Some(temporal::join),
     };
     for stratum in &program.strata {
         let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| only.contains(r) && !top.rels.contains_key(r)).collect();
@@ -916,6 +934,7 @@ pub fn build<'s>(
                 arities: arities.clone(),
                 read: BTreeSet::new(),
                 dedup,
+                temporal: None,
             };
             let mut vars = Vec::new();
             for &rel in &derived {

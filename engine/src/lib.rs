@@ -19,6 +19,7 @@ pub mod ruletest;
 pub mod runtime;
 pub mod session;
 pub mod synth;
+pub mod temporal;
 pub mod value;
 
 pub use runtime::{default_workers, disable_huge_pages, serve, Change, Cluster, Engine, EngineError, Reads, Snapshot};

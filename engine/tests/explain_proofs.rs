@@ -42,23 +42,39 @@ impl Checker<'_> {
         self.db.get(&rel).is_some_and(|s| s.contains(row))
     }
 
-    fn rule_at(&self, head: usize, location: &str, text: &str) -> Result<&Rule, String> {
-        self.program
+    /// The rules at `location` with `text`: the aggregate one or those that
+    /// are not (a rule with a `default` is several, desugared: the
+    /// aggregate, the rule passing its rows on, and the rule giving the
+    /// default to groups with nothing to aggregate).
+    fn rules_at(&self, head: usize, location: &str, text: &str, aggregate: bool) -> Result<Vec<&Rule>, String> {
+        let found: Vec<&Rule> = self
+            .program
             .rules
             .iter()
-            .find(|r| {
+            .filter(|r| {
                 r.head == head
+                    && r.has_aggregate() == aggregate
                     && self.program.rule_location(r.id) == location
                     && self.program.rule_text(r.id).split_whitespace().collect::<Vec<_>>().join(" ") == text
             })
-            .ok_or(format!("no rule {location} `{text}` derives {}", self.program.relations[head].name))
+            .collect();
+        if found.is_empty() {
+            return Err(format!("no rule {location} `{text}` derives {}", self.program.relations[head].name));
+        }
+        Ok(found)
     }
 
-    /// A complete binding from a node's bindings.
+    /// A binding from a node's bindings. A variable the checker made for a
+    /// `_` (`_#v1`, as `per d0(x, _)` desugars) is not shown: it stays
+    /// unbound here.
     fn binding(&self, rule: &Rule, named: &explain::Bindings) -> Result<Vec<Option<Value>>, String> {
         rule.vars
             .iter()
-            .map(|(name, _)| named.get(name).map(|v| Some(value(v))).ok_or(format!("variable {name} unbound in {}", self.program.rule_text(rule.id))))
+            .map(|(name, _)| match named.get(name) {
+                Some(v) => Ok(Some(value(v))),
+                None if name.starts_with("_#") => Ok(None),
+                None => Err(format!("variable {name} unbound in {}", self.program.rule_text(rule.id))),
+            })
             .collect()
     }
 
@@ -129,29 +145,45 @@ impl Checker<'_> {
             }
             How::Cut => return Err(format!("{} cut at the default depth", n.fact)),
             How::Rule { rule, bindings, premises, other_derivations } => {
-                let r = self.rule_at(rel, &rule.location, &rule.text)?.clone();
-                let b = self.binding(&r, bindings)?;
-                for (t, v) in r.head_terms.iter().zip(&row) {
-                    let HeadTerm::Expr(e) = t else { return Err("an aggregate rule shown as a rule".into()) };
-                    if eval_expr(e, &b) != Some(v.clone()) {
-                        return Err(format!("the head of {} does not give {}", rule.text, n.fact));
+                // Of the rules with this text, the one whose body the
+                // premises fit and whose head they give. A variable made
+                // for a `_` takes its value from the premise shown for its
+                // atom.
+                let mut fitting = None;
+                for r in self.rules_at(rel, &rule.location, &rule.text, false)? {
+                    let Ok(mut b) = self.binding(r, bindings) else { continue };
+                    let fits = r.body.len() == premises.len()
+                        && r.body.iter().zip(premises.iter()).all(|(lit, premise)| match (&lit.lit, premise) {
+                            (Lit::Pos { rel, args }, Premise::Fact { proof, .. }) => {
+                                let row: Row = proof.tuple.iter().map(value).collect();
+                                proof.relation == self.program.relations[*rel].name && matches(args, &row, &mut b)
+                            }
+                            _ => true,
+                        });
+                    let gives = r.head_terms.iter().zip(&row).all(|(t, v)| matches!(t, HeadTerm::Expr(e) if eval_expr(e, &b) == Some(v.clone())));
+                    if fits && gives {
+                        fitting = Some((r.clone(), b));
+                        break;
                     }
                 }
+                let Some((r, b)) = fitting else { return Err(format!("no rule `{}` with these premises gives {}", rule.text, n.fact)) };
                 self.body(&r, &b, premises)?;
-                // The count of other derivations: every binding of every rule giving the fact.
+                // The count of other derivations: every match of every rule
+                // giving the fact — each combination of premise facts, so
+                // `c(_, v)` matched by c(0, 2) and by c(2, 2) is two.
                 let total: usize = self
                     .program
                     .rules
                     .iter()
                     .filter(|x| x.head == rel && !x.has_aggregate())
-                    .map(|x| body_bindings(x, self.db).into_iter().filter(|b| head_row(x, b).as_ref() == Some(&row)).count())
+                    .map(|x| body_matches(x, self.db).into_iter().filter(|b| head_row(x, b).as_ref() == Some(&row)).count())
                     .sum();
                 if total.min(explain::how::LIMIT) != other_derivations + 1 {
                     return Err(format!("{}: {other_derivations} other derivations claimed, {} exist", n.fact, total - 1));
                 }
             }
             How::Aggregate { rule, contributions, .. } => {
-                let r = self.rule_at(rel, &rule.location, &rule.text)?.clone();
+                let r = self.rules_at(rel, &rule.location, &rule.text, true)?[0].clone();
                 let mut shown = BTreeSet::new();
                 let mut args: Vec<Vec<Value>> = Vec::new();
                 for c in contributions {
@@ -195,11 +227,17 @@ impl Checker<'_> {
 }
 
 fn body_bindings(rule: &Rule, db: &Db) -> Vec<Vec<Option<Value>>> {
+    let distinct: BTreeSet<_> = body_matches(rule, db).into_iter().collect();
+    distinct.into_iter().collect()
+}
+
+/// The bindings of a rule body, one per combination of facts it matches
+/// (two facts that differ only under a `_` give one binding twice).
+fn body_matches(rule: &Rule, db: &Db) -> Vec<Vec<Option<Value>>> {
     let lits: Vec<Lit> = rule.body.iter().map(|b| b.lit.clone()).collect();
     let mut out = Vec::new();
     bindings(&lits, db, vec![None; rule.vars.len()], &mut out);
-    let distinct: BTreeSet<_> = out.into_iter().collect();
-    distinct.into_iter().collect()
+    out
 }
 
 fn head_row(rule: &Rule, b: &[Option<Value>]) -> Option<Row> {

@@ -51,7 +51,7 @@ pub fn random_program(rng: &mut Rng) -> String {
             let p = rng.pick(&lower).clone();
             let q = rng.pick(&lower).clone();
             // A recursive rule only as a later rule, so a base rule exists.
-            let shape = if r > 0 && rng.below(3) == 0 { 99 } else { rng.below(11) };
+            let shape = if r > 0 && rng.below(3) == 0 { 99 } else { rng.below(13) };
             let rule = match shape {
                 0 => format!("d{d}(x, z) :- {p}(x, y), {q}(y, z)."),
                 1 => format!("d{d}(x, y) :- {p}(x, y), not {q}(y, _)."),
@@ -92,6 +92,25 @@ pub fn random_program(rng: &mut Rng) -> String {
                         "in_network(\"10.0.0.\" ++ to_string(x), \"10.0.0.0/31, fd00::/8\")",
                     ]);
                     format!("d{d}(x, y) :- {p}(x, y), label(x, s), {pred}.")
+                }
+                // A reading joined on no key and only compared: a temporal
+                // filter (the engine's `temporal`), or a plain join where
+                // the reading is used otherwise.
+                10 | 11 => {
+                    let test = *rng.pick(&[
+                        "max(c - x - y, y - c) > 0",
+                        "min(c, y) >= x",
+                        "c + x != y",
+                        "x - c = y",
+                        "c - x < 2, y <= c + c",
+                        "max(x, y) <= c",
+                        "-c > -y",
+                    ]);
+                    if shape == 11 && rng.below(3) == 0 {
+                        format!("d{d}(x, c) :- {p}(x, y), {q}(_, c), {test}.")
+                    } else {
+                        format!("d{d}(x, y) :- {p}(x, y), {q}(_, c), {test}.")
+                    }
                 }
                 99 => format!("d{d}(x, z) :- d{d}(x, y), {p}(y, z)."),
                 _ => format!("d{d}(x, y) :- {p}(x, y)."),
