@@ -12,6 +12,7 @@ use differential_dataflow::operators::iterate::VecVariable;
 use differential_dataflow::VecCollection;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
+use std::sync::Arc;
 use timely::order::Product;
 use timely::progress::Timestamp;
 
@@ -60,6 +61,8 @@ struct Scope<'s, T: Timestamp + Lattice> {
     /// A join run as a temporal filter ([`temporal`]), where time is a
     /// revision (its operator takes revisions in order).
     temporal: Option<fn(Coll<'s, T>, Coll<'s, T>, temporal::Placed, &str) -> Coll<'s, T>>,
+    /// Each temporal join's relation and where it says what it is quiet for.
+    quiet: Vec<(RelId, Arc<temporal::Quiet>)>,
 }
 
 impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
@@ -153,7 +156,8 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
         let last = segments.len().saturating_sub(1);
         let mut b: Option<Coll<'s, T>> = None;
         let mut skip = 0;
-        let mut temporal = self.temporal.and_then(|join| Some((join, temporal::find(plan)?)));
+        let arities = self.arities.clone();
+        let mut temporal = self.temporal.and_then(|join| Some((join, temporal::find(plan, |rel| arities[rel].0)?)));
         if let Some(pos_a) = paired_start(&segments).filter(|_| !matches!(temporal, Some((_, (1, _))))) {
             let finish = Finish { pure: segments[1].1.clone().into(), head: (last == 1 && !aggregate).then(|| plan.clone()) };
             b = Some(self.paired_join(&segments, pos_a, finish, nvars));
@@ -168,8 +172,10 @@ impl<'s, T: Timestamp + Lattice + Ord> Scope<'s, T> {
             if let Some((join, (_, t))) = temporal.take_if(|(_, (at, _))| *at == n) {
                 let facts = self.relation(t.rel);
                 let name = format!("Bindings of {} against {} (temporal)", plan.label, self.names[t.rel]);
-                let blank = finish.head.is_none();
-                let placed = temporal::Placed { temporal: t, arriving, nvars, blank, finish: Rc::new(move |row| finish.run(row)) };
+                let blank = finish.head.is_none() && t.hidden();
+                let quiet = Arc::new(temporal::Quiet::default());
+                self.quiet.push((t.rel, quiet.clone()));
+                let placed = temporal::Placed { temporal: t, arriving, nvars, blank, finish: Rc::new(move |row| finish.run(row)), quiet };
                 b = Some(join(b.expect("a temporal join follows a segment"), facts, placed, &name));
                 continue;
             }
@@ -453,6 +459,8 @@ pub struct Built<'s> {
     /// The relations an operator reads: an input of the part outside it is
     /// only looked up in a hub's arrangement ([`Imported`]).
     pub read: BTreeSet<RelId>,
+    /// The temporal joins' relations and what each is quiet for.
+    pub quiet: Vec<(RelId, Arc<temporal::Quiet>)>,
 }
 
 /// `distinct` at the top level (time is a revision), keeping the arrangement
@@ -767,7 +775,7 @@ pub fn lookups(program: &Program, plans: &[Rc<RulePlan>], groups: &[BTreeSet<Rel
                     // A temporal join ([`temporal`]) reads its relation's
                     // collection, not an arrangement.
                     let segs = segments(&p.steps);
-                    let temporal_at = temporal::find(p).map(|(n, _)| n);
+                    let temporal_at = temporal::find(p, |rel| program.relations[rel].arity()).map(|(n, _)| n);
                     if let (Some(pos), Some((Some(Step::Join { rel, filter, .. }), _))) = (paired_start(&segs), segs.first()) {
                         if !derived.contains(rel) && temporal_at != Some(1) {
                             out.insert(Lookup::Join(*rel, filter.clone(), pos));
@@ -876,6 +884,7 @@ pub fn build<'s>(
         read: BTreeSet::new(),
         dedup: dedup_total,
         temporal: Some(temporal::join),
+        quiet: Vec::new(),
     };
     for stratum in &program.strata {
         let derived: Vec<RelId> = stratum.relations.iter().copied().filter(|r| only.contains(r) && !top.rels.contains_key(r)).collect();
@@ -935,6 +944,7 @@ pub fn build<'s>(
                 read: BTreeSet::new(),
                 dedup,
                 temporal: None,
+                quiet: Vec::new(),
             };
             let mut vars = Vec::new();
             for &rel in &derived {
@@ -962,7 +972,7 @@ pub fn build<'s>(
             attributed.insert(rel, differential_dataflow::collection::concatenate(outer, tagged));
         }
     }
-    Built { relations: top.rels, attributed, traces, read: top.read }
+    Built { relations: top.rels, attributed, traces, read: top.read, quiet: top.quiet }
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 
 pub use crate::cluster::Cluster;
 use crate::dataflow::{self, Coll, QueryTrace};
-use crate::plan::{self, RulePlan};
+use crate::plan::{self, RulePlan, Step};
+use crate::temporal;
 use crate::value::{Row, Value};
 use ccattler_parser::program::{Program, RelId};
 use differential_dataflow::input::{Input, InputSession};
@@ -52,6 +53,9 @@ enum Cmd {
         batches: Vec<(u64, Vec<Change>)>,
         /// The input relations changed (told to every worker).
         touched: Vec<RelId>,
+        /// Gates ([`Layout::gates`]) closed for this revision: (group,
+        /// relation) pairs whose changes wait ([`Group::pending`]).
+        closed: Vec<(usize, RelId)>,
     },
     /// Read a relation's tuples that start with `prefix` (all of them when
     /// it is empty) as of a revision: a seek in the arrangement. Each worker
@@ -163,7 +167,7 @@ impl Engine {
         let done_txs: Arc<Mutex<Vec<Option<Sender<Report>>>>> = Arc::new(Mutex::new((0..leads).map(|_| Some(done_tx.clone())).collect()));
         drop(done_tx);
         let prog = program.clone();
-        let shared = Arc::new(Shared::new(workers, Layout::of(&program, if cluster { dataflow::Split::One } else { split() }, hubs())));
+        let shared = Arc::new(Shared::new(workers, Layout::of(&program, if cluster { dataflow::Split::One } else { split() }, hubs(), cluster)));
         let workers_shared = shared.clone();
         let work = move |worker: &mut timely::worker::Worker| {
             let rx = receivers.lock().expect("receiver list").get_mut(worker.index()).and_then(Option::take);
@@ -228,7 +232,12 @@ impl Engine {
         self.check(batches.iter().flat_map(|(_, c)| c))?;
         let empty: Vec<(u64, Vec<Change>)> = batches.iter().map(|(r, _)| (*r, Vec::new())).collect();
         let touched = touched(batches.iter().flat_map(|(_, c)| c));
-        self.send_split(Cmd::Apply { batches, touched: touched.clone() }, || Cmd::Apply { batches: empty.clone(), touched: touched.clone() })?;
+        let closed = self.closed_gates(&batches);
+        self.send_split(Cmd::Apply { batches, touched: touched.clone(), closed: closed.clone() }, || Cmd::Apply {
+            batches: empty.clone(),
+            touched: touched.clone(),
+            closed: closed.clone(),
+        })?;
         let mut running = self.senders.len();
         while running > 0 {
             match self.reports.recv().map_err(gone)? {
@@ -259,6 +268,44 @@ impl Engine {
         self.send_split(Cmd::Stage { at: rev, changes, touched: touched.clone() }, || Cmd::Stage { at: rev, changes: Vec::new(), touched: touched.clone() })?;
         self.staged = Some(rev);
         Ok(())
+    }
+
+    /// The gates a batch leaves closed: where the group's temporal joins
+    /// hold, together, the readings within which they would derive nothing
+    /// new ([`temporal::Quiet`]) and at every revision of the batch the
+    /// relation's one reading only moves within them. (The joins ran last
+    /// when the previous `apply` did: it returned only once every worker
+    /// was done.)
+    fn closed_gates(&self, batches: &[(u64, Vec<Change>)]) -> Vec<(usize, RelId)> {
+        let mut closed = Vec::new();
+        for gate in &self.shared.layout.gates {
+            let slots = self.shared.quiet[gate.group].lock().unwrap_or_else(|e| e.into_inner());
+            let of_rel: Vec<(i64, i64)> = slots.iter().filter(|(rel, _)| *rel == gate.rel).map(|(_, q)| q.readings()).collect();
+            if of_rel.len() != gate.joins * self.shared.workers {
+                continue;
+            }
+            let (lo, hi) = of_rel.into_iter().fold((i64::MIN, i64::MAX), |(lo, hi), (l, h)| (lo.max(l), hi.min(h)));
+            let (mut touched, mut quiet) = (false, lo <= hi);
+            for (_, changes) in batches {
+                let mut net = 0;
+                for (_, row, d) in changes.iter().filter(|(rel, _, _)| *rel == gate.rel) {
+                    touched = true;
+                    net += d;
+                    quiet &= row[0].as_int().is_some_and(|c| lo <= c && c <= hi);
+                }
+                quiet &= net == 0;
+            }
+            if touched && quiet {
+                closed.push((gate.group, gate.rel));
+            }
+        }
+        closed
+    }
+
+    /// How many times worker 0 advanced a group, since the engine started:
+    /// what a revision cost in dataflows stepped.
+    pub fn groups_advanced(&self) -> u64 {
+        self.shared.advances.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The revision staged at (still open), or else the last one applied.
@@ -502,12 +549,63 @@ struct Layout {
     imports: Vec<Vec<dataflow::Lookup>>,
     /// Per relation with a hub, the lookups the hub arranges.
     hubs: BTreeMap<RelId, Vec<dataflow::Lookup>>,
+    /// Input relations of one column that a group reads only through
+    /// temporal joins ([`temporal`]): a change that only moves the one
+    /// reading within what they are all quiet for waits, not advancing the
+    /// group, until the group is advanced for something else or a reading
+    /// leaves that range (a clock tick reaches no rule it changes nothing
+    /// for). Not in a cluster of processes, whose groups all move together.
+    gates: Vec<Gate>,
+}
+
+/// A group's input that reaches it only when it matters ([`Layout::gates`]).
+struct Gate {
+    group: usize,
+    rel: RelId,
+    /// The temporal joins of it in the group (on each worker).
+    joins: usize,
+}
+
+/// The gates of a layout: for each group, each input relation of one
+/// column every rule of it reading it reads through a temporal join.
+fn gates(program: &Program, plans: &[Rc<RulePlan>], derived: &[std::collections::BTreeSet<RelId>], reads: &[Vec<RelId>]) -> Vec<Gate> {
+    let recursive: std::collections::BTreeSet<usize> = program.strata.iter().filter(|s| s.recursive).flat_map(|s| s.rules.iter().copied()).collect();
+    let mut gates = Vec::new();
+    for (group, (d, rs)) in derived.iter().zip(reads).enumerate() {
+        for &rel in rs {
+            let r = &program.relations[rel];
+            if r.kind != ccattler_parser::ast::DeclKind::Input || r.arity() != 1 {
+                continue;
+            }
+            if d.iter().any(|h| program.relations[*h].builtin.as_ref().is_some_and(|b| b.reads().contains(&rel))) {
+                continue;
+            }
+            let mut joins = 0;
+            let mut only_temporal = true;
+            for p in plans.iter().filter(|p| d.contains(&p.head)) {
+                let reading = p.steps.iter().filter(|s| matches!(s, Step::Join { rel: x, .. } | Step::AntiJoin { rel: x, .. } if *x == rel)).count();
+                if reading == 0 {
+                    continue;
+                }
+                let temporal = temporal::find(p, |x| program.relations[x].arity()).is_some_and(|(_, t)| t.rel == rel);
+                if reading == 1 && temporal && !recursive.contains(&p.rule) {
+                    joins += 1;
+                } else {
+                    only_temporal = false;
+                }
+            }
+            if only_temporal && joins > 0 {
+                gates.push(Gate { group, rel, joins });
+            }
+        }
+    }
+    gates
 }
 
 impl Layout {
     /// The layout of `program` cut by `split`, with lookups several groups
     /// make shared in hubs if `hubs`.
-    fn of(program: &Program, split: dataflow::Split, hubs: bool) -> Layout {
+    fn of(program: &Program, split: dataflow::Split, hubs: bool, cluster: bool) -> Layout {
         let plans: Vec<Rc<RulePlan>> = plan::plan(program).into_iter().map(Rc::new).collect();
         let derived = dataflow::groups(program, &plans, split);
         let reads: Vec<Vec<RelId>> = derived.iter().map(|d| dataflow::reads(program, &plans, d).into_iter().filter(|r| !d.contains(r)).collect()).collect();
@@ -530,7 +628,8 @@ impl Layout {
         for l in users.keys().filter(|l| shared(l)) {
             by_rel.entry(l.rel()).or_default().push((*l).clone());
         }
-        Layout { derived, reads, readers, imports, hubs: by_rel }
+        let gates = if cluster { Vec::new() } else { gates(program, &plans, &derived, &reads) };
+        Layout { derived, reads, readers, imports, hubs: by_rel, gates }
     }
 }
 
@@ -546,12 +645,19 @@ struct Shared {
     workers: usize,
     poisoned: std::sync::atomic::AtomicBool,
     fed_at: Vec<std::sync::atomic::AtomicU64>,
+    /// Per group, its temporal joins on every worker: each one's relation
+    /// and what it is quiet for ([`Layout::gates`]).
+    quiet: Vec<Mutex<Vec<(RelId, Arc<temporal::Quiet>)>>>,
+    /// Groups advanced by worker 0 ([`Engine::groups_advanced`]).
+    advances: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
     fn new(workers: usize, layout: Layout) -> Shared {
         Shared {
             fed_at: (0..layout.derived.len()).map(|_| Default::default()).collect(),
+            quiet: (0..layout.derived.len()).map(|_| Default::default()).collect(),
+            advances: Default::default(),
             layout,
             barrier: Mutex::new((0, 0)),
             arrived: std::sync::Condvar::new(),
@@ -757,7 +863,7 @@ impl Relay {
     fn pass_on(&mut self, cmd: Cmd) -> Cmd {
         let wire = match &cmd {
             Cmd::Stage { at, touched, .. } => Wire::Stage { at: *at, touched: touched.clone() },
-            Cmd::Apply { batches, touched } => Wire::Apply { revs: batches.iter().map(|(rev, _)| *rev).collect(), touched: touched.clone() },
+            Cmd::Apply { batches, touched, .. } => Wire::Apply { revs: batches.iter().map(|(rev, _)| *rev).collect(), touched: touched.clone() },
             Cmd::Read { rel, prefix, as_of, .. } => Wire::Read { id: self.seq, rel: *rel, prefix: prefix.clone(), as_of: *as_of },
             Cmd::Pin { rev } => Wire::Pin { rev: *rev },
             Cmd::Unpin { rev } => Wire::Unpin { rev: *rev },
@@ -778,7 +884,7 @@ impl Relay {
                 self.seq += 1;
                 return Next::Cmd(match wire {
                     Wire::Stage { at, touched } => Cmd::Stage { at, changes: Vec::new(), touched },
-                    Wire::Apply { revs, touched } => Cmd::Apply { batches: revs.into_iter().map(|rev| (rev, Vec::new())).collect(), touched },
+                    Wire::Apply { revs, touched } => Cmd::Apply { batches: revs.into_iter().map(|rev| (rev, Vec::new())).collect(), touched, closed: Vec::new() },
                     Wire::Read { id, rel, prefix, as_of } => Cmd::Read { rel, prefix, as_of, reply: Answer::Relay(id) },
                     Wire::Pin { rev } => Cmd::Pin { rev },
                     Wire::Unpin { rev } => Cmd::Unpin { rev },
@@ -832,7 +938,7 @@ pub fn serve(program: Arc<Program>, cluster: &Cluster) -> Result<(), EngineError
     if cluster.process == 0 {
         return Err(EngineError::Cluster("process 0 runs the engine (Engine::start_cluster), not serve".into()));
     }
-    let shared = Arc::new(Shared::new(cluster.workers, Layout::of(&program, dataflow::Split::One, hubs())));
+    let shared = Arc::new(Shared::new(cluster.workers, Layout::of(&program, dataflow::Split::One, hubs(), true)));
     let workers_shared = shared.clone();
     let guards = cluster.execute(crate::cluster::fingerprint(&program), move |worker| run_worker(worker, &program, &workers_shared, Role::Follow, None))?;
     let panicked = guards.join().into_iter().find_map(Result::err);
@@ -864,7 +970,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
     // group with nothing to do are not stepped at all.
     let mut groups: Vec<Group> = Vec::new();
     let mut traces: BTreeMap<RelId, QueryTrace> = BTreeMap::new();
-    let Layout { derived: specs, reads: all_reads, readers, imports, hubs: hub_specs } = &shared.layout;
+    let Layout { derived: specs, reads: all_reads, readers, imports, hubs: hub_specs, .. } = &shared.layout;
     // Hubs first: a dataflow per relation whose lookups several groups
     // share, which those groups import.
     let mut hubs: BTreeMap<RelId, Hub> = BTreeMap::new();
@@ -914,6 +1020,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 imported.add(l, arrangement);
             }
             let built = dataflow::build(program, &plans, colls, unit, derived, imported);
+            shared.quiet[g].lock().unwrap_or_else(|e| e.into_inner()).extend(built.quiet);
             // An input no operator reads (the group only looks its relation
             // up in a hub) is dropped: nothing would take what it is sent,
             // and timely's input keeps what no one takes, for ever.
@@ -953,7 +1060,7 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
         let rels = group_traces.keys().copied().collect();
         traces.extend(group_traces);
         // Every group runs once at the first revision (rules with no input).
-        groups.push(Group { unit_input, inputs, probe, rels, feed, dirty: true, advanced: 0 });
+        groups.push(Group { unit_input, inputs, probe, rels, feed, dirty: true, advanced: 0, pending: Vec::new() });
     }
     // A command that arrived while staged work was being done.
     let mut next: Option<Cmd> = None;
@@ -970,8 +1077,12 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
         };
         match cmd {
             Cmd::Stage { at, changes, touched } => {
-                mark(&mut groups, readers, &touched);
-                feed(&mut groups, &mut hubs, readers, at, changes);
+                mark(&mut groups, readers, &touched, &[]);
+                // What waited goes in first.
+                for group in groups.iter_mut().filter(|g| g.dirty) {
+                    group.release(at);
+                }
+                feed(&mut groups, &mut hubs, readers, at, changes, &[]);
                 for group in groups.iter_mut().filter(|g| g.dirty) {
                     for input in group.inputs.values_mut() {
                         input.flush();
@@ -995,14 +1106,15 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                     }
                 }
             }
-            Cmd::Apply { batches, touched } => {
+            Cmd::Apply { batches, touched, closed } => {
                 let Some(&(rev, _)) = batches.last() else { continue };
-                mark(&mut groups, readers, &touched);
+                let first = batches[0].0;
+                mark(&mut groups, readers, &touched, &closed);
                 if panic_at.is_some_and(|at| rev >= at) {
                     panic!("injected worker panic at revision {rev} (CCATTLER_INJECT_WORKER_PANIC)");
                 }
                 for (at, changes) in batches {
-                    feed(&mut groups, &mut hubs, readers, at, changes);
+                    feed(&mut groups, &mut hubs, readers, at, changes, &closed);
                 }
                 // Output rows go out in parts as they come, so the caller
                 // can take them in while the evaluation goes on.
@@ -1037,6 +1149,13 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                         hubs.get_mut(&l.rel()).expect("a hub for every import").advance(rev);
                     }
                     let group = &mut groups[g];
+                    // Changes that waited at its gates go in with the rest:
+                    // its temporal joins meet what comes with the reading as
+                    // it is now.
+                    group.release(first);
+                    if worker.index() == 0 {
+                        shared.advances.fetch_add(1, Ordering::Relaxed);
+                    }
                     group.dirty = true;
                     group.unit_input.advance_to(rev + 1);
                     group.unit_input.flush();
@@ -1137,6 +1256,20 @@ struct Group {
     dirty: bool,
     /// The last revision it was advanced through.
     advanced: u64,
+    /// Changes to inputs at its closed gates ([`Layout::gates`]), with their
+    /// revisions: they go in when it next advances.
+    pending: Vec<(RelId, u64, Row, isize)>,
+}
+
+impl Group {
+    /// Enters what waited at its gates, at its revision or `from` if later
+    /// (a revision it has not reached; those before changed nothing it
+    /// derives).
+    fn release(&mut self, from: u64) {
+        for (rel, at, row, d) in std::mem::take(&mut self.pending) {
+            self.inputs.get_mut(&rel).expect("a gate is on an input").update_at(row, at.max(from), d);
+        }
+    }
 }
 
 /// A relation's hub ([`Layout::hubs`]): a dataflow of its own, fed its rows
@@ -1181,22 +1314,37 @@ fn touched<'a>(changes: impl IntoIterator<Item = &'a Change>) -> Vec<RelId> {
     set.into_iter().collect()
 }
 
-/// Marks the groups that read `touched` to be advanced at the next revision.
-fn mark(groups: &mut [Group], readers: &BTreeMap<RelId, Vec<usize>>, touched: &[RelId]) {
+/// Marks the groups that read `touched` to be advanced at the next revision
+/// (not where their gate of it is `closed`).
+fn mark(groups: &mut [Group], readers: &BTreeMap<RelId, Vec<usize>>, touched: &[RelId], closed: &[(usize, RelId)]) {
     for rel in touched {
         for &g in readers.get(rel).into_iter().flatten() {
-            groups[g].dirty = true;
+            if !closed.contains(&(g, *rel)) {
+                groups[g].dirty = true;
+            }
         }
     }
 }
 
 /// Enters input changes into the sessions of the groups that read them at
-/// time `at` (not yet flushed).
-fn feed(groups: &mut [Group], hubs: &mut BTreeMap<RelId, Hub>, readers: &BTreeMap<RelId, Vec<usize>>, at: u64, changes: Vec<Change>) {
+/// time `at` (not yet flushed); a group whose gate of the relation is
+/// `closed` keeps them for later ([`Group::pending`]).
+fn feed(groups: &mut [Group], hubs: &mut BTreeMap<RelId, Hub>, readers: &BTreeMap<RelId, Vec<usize>>, at: u64, changes: Vec<Change>, closed: &[(usize, RelId)]) {
     for (rel, row, d) in changes {
-        if let Some(gs) = readers.get(&rel) {
+        let Some(gs) = readers.get(&rel) else { continue };
+        if !closed.iter().any(|(_, r)| *r == rel) {
             enter(groups, hubs, gs, rel, row, at, d);
+            continue;
         }
+        let mut open = Vec::with_capacity(gs.len());
+        for &g in gs {
+            if closed.contains(&(g, rel)) {
+                groups[g].pending.push((rel, at, row.clone(), d));
+            } else {
+                open.push(g);
+            }
+        }
+        enter(groups, hubs, &open, rel, row, at, d);
     }
 }
 
@@ -1372,7 +1520,7 @@ mod tests {
                    x(a, b) :- f(a), e(a, b), not k(b).\ny(a, b) :- g(a), e(a, b), not k(b).\n";
         let program = Arc::new(ccattler_parser::check_str("t.rules", src).program.unwrap());
         let [e, f, g, k, x, y] = ["e", "f", "g", "k", "x", "y"].map(|n| program.relation(n).unwrap());
-        let layout = Layout::of(&program, dataflow::Split::Strata, true);
+        let layout = Layout::of(&program, dataflow::Split::Strata, true, false);
         assert_eq!(layout.derived.len(), 2, "x and y are strata of their own");
         assert_eq!(layout.hubs.keys().copied().collect::<Vec<_>>(), vec![e, k], "one hub each for e and k");
         assert!(layout.imports.iter().all(|i| i.len() == 2), "both strata import both: {:?}", layout.imports);

@@ -28,6 +28,8 @@ use ccattler_parser::program::RelId;
 use differential_dataflow::AsCollection;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::vec::Broadcast;
@@ -46,8 +48,14 @@ pub struct Temporal {
     /// Where the reading sits in its facts, and the variable it binds.
     pos: usize,
     var: usize,
-    /// The comparisons the reading takes part in, as `linear op linear`.
-    atoms: Vec<Atom>,
+    /// Whether no step after the segment (nor the head) reads the reading.
+    hidden: bool,
+    /// The comparisons the reading takes part in, as `linear op linear`;
+    /// none where the reading is used otherwise (in the head, a later step
+    /// or a comparison not cut so): then every binding is judged anew at
+    /// every move, as a join would, and the operator is quiet only while it
+    /// holds none.
+    atoms: Option<Vec<Atom>>,
 }
 
 /// `a·c + Σ ±term`: one side of a comparison, with `c` the reading and each
@@ -152,10 +160,22 @@ fn atoms(op: CmpOp, lhs: &Shape, rhs: &Shape, out: &mut Vec<Atom>) -> bool {
 }
 
 impl Temporal {
+    /// Whether nothing after its segment reads the reading.
+    pub fn hidden(&self) -> bool {
+        self.hidden
+    }
+
+    /// Whether its bindings are indexed by their flips (else each is judged
+    /// at every move).
+    pub fn indexed(&self) -> bool {
+        self.atoms.is_some()
+    }
+
     /// The readings at which a binding (a full row) is judged otherwise than
     /// at the next one; false if it cannot tell (a term is not a small int).
     fn flips(&self, row: &[Value], out: &mut Vec<i64>) -> bool {
-        for atom in &self.atoms {
+        let Some(atoms) = &self.atoms else { return false };
+        for atom in atoms {
             let (Some(l), Some(r)) = (atom.lhs.offset(row), atom.rhs.offset(row)) else { return false };
             // lhs op rhs ⇔ a·c + e op 0, monotone in c: it changes next to
             // where a·c + e crosses 0.
@@ -188,13 +208,16 @@ fn floor_div(n: i128, d: i128) -> i128 {
     }
 }
 
-/// The segment of a rule's plan whose join can run as a temporal filter,
-/// and how: a join on no key that binds one variable (the reading), read
-/// after it only by comparisons in the same segment, each of sums and
-/// differences of the reading with values the binding arrives with (under
-/// `min` and `max`). Not in aggregate rules (their bindings keep every
-/// variable). The segment is counted as `dataflow` cuts the plan.
-pub fn find(plan: &RulePlan) -> Option<(usize, Temporal)> {
+/// The segment of a rule's plan whose join runs as a temporal filter, and
+/// how: a join on no key (after the first segment) that binds one variable,
+/// the reading. Its bindings are indexed by their flips where the reading
+/// is read after it only by comparisons in the same segment, each of sums
+/// and differences of the reading with values the binding arrives with
+/// (under `min` and `max`); otherwise, where the relation has one column
+/// (a clock), each is judged at every move ([`Temporal::atoms`]). Not in
+/// aggregate rules (their bindings keep every variable). The segment is
+/// counted as `dataflow` cuts the plan.
+pub fn find(plan: &RulePlan, arity: impl Fn(RelId) -> usize) -> Option<(usize, Temporal)> {
     if plan.has_aggregate() {
         return None;
     }
@@ -212,10 +235,10 @@ pub fn find(plan: &RulePlan) -> Option<(usize, Temporal)> {
         let (head, pure) = &segments[n];
         if let Some(Step::Join { rel, filter, key, bind }) = head {
             if let ([(pos, var)], true) = (&bind[..], key.is_empty()) {
-                if !read_later.contains(var) {
-                    if let Some(atoms) = comparisons(pure, *var, &layouts[n - 1]) {
-                        found = Some((n, Temporal { rel: *rel, filter: filter.clone(), pos: *pos, var: *var, atoms }));
-                    }
+                let hidden = !read_later.contains(var);
+                let atoms = if hidden { comparisons(pure, *var, &layouts[n - 1]) } else { None };
+                if atoms.is_some() || arity(*rel) == 1 {
+                    found = Some((n, Temporal { rel: *rel, filter: filter.clone(), pos: *pos, var: *var, hidden, atoms }));
                 }
             }
         }
@@ -258,6 +281,37 @@ pub struct Placed {
     pub blank: bool,
     /// The segment's steps (and the head) over one binding with its reading.
     pub finish: Rc<dyn Fn(Row) -> Vec<Row>>,
+    /// Where the operator says which readings it is quiet for.
+    pub quiet: Arc<Quiet>,
+}
+
+/// The readings `[lo, hi]` an operator would judge every binding it holds
+/// as it judges them now: a move of its one reading within them changes
+/// nothing it derives, so the runtime need not hand it over ([`crate::runtime`]).
+/// Empty (`lo > hi`) while it holds no one small reading, or a binding
+/// it cannot index, or before it ran.
+#[derive(Debug)]
+pub struct Quiet {
+    lo: AtomicI64,
+    hi: AtomicI64,
+}
+
+impl Default for Quiet {
+    fn default() -> Quiet {
+        Quiet { lo: AtomicI64::new(1), hi: AtomicI64::new(0) }
+    }
+}
+
+impl Quiet {
+    /// The readings it is quiet for, as of its last run.
+    pub fn readings(&self) -> (i64, i64) {
+        (self.lo.load(Ordering::Acquire), self.hi.load(Ordering::Acquire))
+    }
+
+    fn set(&self, (lo, hi): (i64, i64)) {
+        self.lo.store(lo, Ordering::Release);
+        self.hi.store(hi, Ordering::Release);
+    }
 }
 
 /// `bindings ⋈ facts` as a temporal filter: the rows `finish` makes of each
@@ -304,6 +358,7 @@ pub fn join<'s>(bindings: Coll<'s, u64>, facts: Coll<'s, u64>, placed: Placed, n
                         if !out.is_empty() {
                             output.session(&cap).give_iterator(out.into_iter());
                         }
+                        held.placed.quiet.set(held.quiet());
                     }
                 }
             },
@@ -385,6 +440,21 @@ impl Held {
         }
     }
 
+    /// The readings it is quiet for ([`Quiet`]): from just after the
+    /// greatest flip below its reading to the least flip at or above it.
+    fn quiet(&self) -> (i64, i64) {
+        const NONE: (i64, i64) = (1, 0);
+        let mut readings = self.readings.iter();
+        let (Some((reading, _)), None) = (readings.next(), readings.next()) else { return NONE };
+        let Some(c) = reading.as_int().filter(|c| c.unsigned_abs() <= SMALL as u64) else { return NONE };
+        if !self.unsure.is_empty() {
+            return NONE;
+        }
+        let below = self.flips.range(..(c, Row::new())).next_back().map_or(-SMALL, |(f, _)| f + 1);
+        let above = self.flips.range((c, Row::new())..).next().map_or(SMALL, |(f, _)| *f);
+        (below.max(-SMALL), above.min(SMALL))
+    }
+
     /// Adds a binding to the flip index, or takes it out.
     fn index(&mut self, row: Row, add: bool) {
         let mut flips = Vec::new();
@@ -445,7 +515,10 @@ mod tests {
         let checked = ccattler_parser::check_str("t.rules", text);
         let program = checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render()));
         let plan = crate::plan::plan(&program).pop().expect("one rule");
-        let (n, t) = find(&plan)?;
+        let (n, t) = find(&plan, |rel| program.relations[rel].arity())?;
+        if t.atoms.is_none() {
+            return Some((n, vec![i64::MIN]));
+        }
         let full: Row = row.iter().map(|v| Value::Int(*v)).collect();
         let mut out = Vec::new();
         assert!(t.flips(&full, &mut out), "small ints");
@@ -474,18 +547,23 @@ mod tests {
         assert_eq!(flips_of(&format!("{DECLS}{STALE}{rule}"), &[1, 11, 0]), Some((2, vec![])), "2c = 11 never holds");
     }
 
-    /// What cannot run as a temporal filter: the reading in the head, in an
-    /// assignment, multiplied, `=` of a `max`, in an aggregate.
+    /// What cannot be indexed by flips: the reading in the head, in an
+    /// assignment, multiplied, `=` of a `max`. Joined on a clock of one
+    /// column, each binding is judged at every move (marked `i64::MIN`
+    /// here); in an aggregate, joined as usual.
     #[test]
-    fn a_reading_used_otherwise_than_compared_is_joined_as_usual() {
+    fn a_reading_used_otherwise_than_compared_is_judged_at_every_move() {
         for rule in [
             "output at(n: int, c: int) to \"at/{n}/{c}\"\nat(n, c) :- hb(n, b), grace(n, _), clock(c), c > b.\n",
             "output stale(n: int) to \"s/{n}\"\nstale(n) :- hb(n, b), grace(n, _), clock(c), d = c - b, d > 3.\n",
             "output stale(n: int) to \"s/{n}\"\nstale(n) :- hb(n, b), grace(n, _), clock(c), c * 2 > b.\n",
             "output stale(n: int) to \"s/{n}\"\nstale(n) :- hb(n, b), grace(n, _), clock(c), max(c, b) = 7.\n",
-            "output k(n: int, k: int) to \"k/{n}/{k}\"\nk(n, count()) :- hb(n, b), grace(n, _), clock(c), c > b.\n",
         ] {
-            assert_eq!(flips_of(&format!("{DECLS}{rule}"), &[1, 2, 3, 4]), None, "{rule}");
+            assert_eq!(flips_of(&format!("{DECLS}{rule}"), &[1, 2, 3, 4]), Some((2, vec![i64::MIN])), "{rule}");
         }
+        let aggregate = "output k(n: int, k: int) to \"k/{n}/{k}\"\nk(n, count()) :- hb(n, b), grace(n, _), clock(c), c > b.\n";
+        assert_eq!(flips_of(&format!("{DECLS}{aggregate}"), &[1, 2, 3, 4]), None);
+        let wide = "input clock2(c: int, z: int) from \"c2/{c}/{z}\"\noutput at(n: int, c: int) to \"at/{n}/{c}\"\nat(n, c) :- hb(n, b), grace(n, _), clock2(c, _), c > b.\n";
+        assert_eq!(flips_of(&format!("{DECLS}{wide}"), &[1, 2, 3, 4]), None, "a relation of two columns, the reading in the head");
     }
 }

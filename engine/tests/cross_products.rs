@@ -41,36 +41,38 @@ fn no_rule_meets_every_pending_service_with_every_ready_node() {
     assert!(ruinous.is_empty(), "cross products of two populations: {ruinous:#?}");
 }
 
-/// The rules that only compare the cluster clock run as temporal filters
-/// (`ccattler_engine::temporal`): a tick evaluates the few bindings whose
-/// judgement it can change, not every node's or instance's. A rule edit
-/// that uses the reading otherwise (or joins the clock first) shows here.
-/// The rules that record the reading (`serving_since`, `updated_at`,
-/// `taint_seen`) join it as usual: their bindings last until the reading
-/// is written back.
+/// Every rule that joins the cluster clock does so as a temporal filter
+/// (`ccattler_engine::temporal`), so a tick that changes nothing they
+/// derive need not reach them. Those that only compare the reading index
+/// their bindings by where the judgement flips: a tick evaluates the few it
+/// crosses, not every node's or instance's. Those that record the reading
+/// (`serving_since`, `updated_at`, `taint_seen`) judge every binding at
+/// every tick: their bindings last only until the reading is written back.
+/// A rule edit that uses the reading otherwise (or joins the clock first)
+/// shows here.
 #[test]
-fn every_rule_that_only_compares_the_clock_runs_as_a_temporal_filter() {
+fn every_rule_that_joins_the_clock_runs_as_a_temporal_filter() {
     let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../rules");
     let checked = ccattler_parser::load(&[rules.into()]).expect("rules load");
     let program = checked.program.expect("checked");
     let clock = program.relation("clock").expect("the clock");
-    let mut temporal = Vec::new();
-    let mut joined = Vec::new();
+    let mut indexed = Vec::new();
+    let mut every_move = Vec::new();
     for p in plan(&program) {
         if !p.steps.iter().any(|s| matches!(s, Step::Join { rel, .. } if *rel == clock)) {
             continue;
         }
         let head = program.relations[p.head].name.clone();
-        match ccattler_engine::temporal::find(&p) {
-            Some((_, t)) => {
-                assert_eq!(t.rel, clock, "{}", p.label);
-                temporal.push(head);
-            }
-            None => joined.push(head),
+        let (_, t) = ccattler_engine::temporal::find(&p, |rel| program.relations[rel].arity()).unwrap_or_else(|| panic!("{} joins the clock as usual", p.label));
+        assert_eq!(t.rel, clock, "{}", p.label);
+        if t.indexed() {
+            indexed.push(head);
+        } else {
+            every_move.push(head);
         }
     }
-    temporal.sort();
-    joined.sort();
-    assert_eq!(temporal, ["available", "stale", "stall", "tolerance_over"]);
-    assert_eq!(joined, ["serving_since", "taint_seen", "updated_at"]);
+    indexed.sort();
+    every_move.sort();
+    assert_eq!(indexed, ["available", "stale", "stall", "tolerance_over"]);
+    assert_eq!(every_move, ["serving_since", "taint_seen", "updated_at"]);
 }
