@@ -30,7 +30,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use timely::dataflow::channels::pact::Pipeline;
+use differential_dataflow::hashable::Hashable;
+use timely::dataflow::channels::pact::{Exchange, Pipeline};
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::vec::Broadcast;
 
@@ -315,17 +316,23 @@ impl Quiet {
 }
 
 /// `bindings ⋈ facts` as a temporal filter: the rows `finish` makes of each
-/// binding with each reading, with their multiplicities, as a join's.
+/// binding with each reading, with their multiplicities, as a join's. Each
+/// worker holds the bindings that hash to it, and meets them with every
+/// reading.
 pub fn join<'s>(bindings: Coll<'s, u64>, facts: Coll<'s, u64>, placed: Placed, name: &str) -> Coll<'s, u64> {
     let (filter, pos) = (placed.temporal.filter.clone(), placed.temporal.pos);
     // Every worker meets its own bindings with every reading.
     let readings = facts.filter(move |f| filter.accepts(f)).map(move |f| Row::from_elem(f[pos].clone(), 1)).inner.broadcast();
+    // Every change of one binding meets on one worker (a binding's
+    // insertion and its retraction may come from different workers).
+    let arriving = placed.arriving.clone();
+    let by_binding = Exchange::new(move |(row, _, _): &(Row, u64, isize)| arriving.iter().map(|v| &row[*v]).collect::<Vec<&Value>>().hashed());
     let mut held = Held::new(placed);
     bindings
         .inner
         .binary_frontier::<_, timely::container::CapacityContainerBuilder<Vec<(Row, u64, isize)>>, _, _, _, _>(
             readings,
-            Pipeline,
+            by_binding,
             Pipeline,
             name,
             move |_, _| {

@@ -190,3 +190,33 @@ fn a_tick_that_changes_nothing_advances_no_dataflow() {
     assert_eq!(rows(&engine, "stale"), vec![int(1), int(3), int(4)]);
     assert_eq!(rows(&engine, "early"), vec![pair(4, 50)]);
 }
+
+/// A binding's insertion and its retraction can come from different
+/// workers (here: the scan of `hb` on the one fed, the anti-join's match on
+/// the one `done(n)` hashes to). Held where each arrived, the two would
+/// cancel in the output but each worker would judge its half at every
+/// tick, and the gate would never close: they must meet on one worker.
+#[test]
+fn a_binding_retracted_on_another_worker_no_longer_holds_the_gate_open() {
+    let text = "input hb(n: int, b: int) from \"hb/{n}/{b}\"\n\
+        input done(n: int) from \"done/{n}\"\n\
+        input clock(c: int) from \"clock/{c}\"\n\
+        output since(n: int, c: int) to \"since/{n}/{c}\"\n\
+        since(n, c) :- hb(n, _), not done(n), clock(c).\n";
+    let checked = ccattler_parser::check_str("gate.rules", text);
+    let program = Arc::new(checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render())));
+    let rel = |name: &str| program.relation(name).expect("declared");
+    let (hb, done, clock) = (rel("hb"), rel("done"), rel("clock"));
+    let int = |n: i64| -> Row { smallvec::smallvec![Value::Int(n)] };
+    let mut engine = Engine::start(program.clone(), 2).expect("engine");
+    let beats: Vec<(usize, Row, isize)> = (0..16).map(|n| (hb, smallvec::smallvec![Value::Int(n), Value::Int(1)], 1)).collect();
+    engine.apply(1, [beats, vec![(clock, int(10), 1)]].concat()).expect("load");
+    assert_eq!(engine.query(rel("since")).expect("query").len(), 16);
+    engine.apply(2, (0..16).map(|n| (done, int(n), 1)).collect()).expect("all done");
+    assert!(engine.query(rel("since")).expect("query").is_empty());
+    let before = engine.groups_advanced();
+    for (rev, c) in (3..).zip(10..20) {
+        engine.apply(rev, vec![(clock, int(c), -1), (clock, int(c + 1), 1)]).expect("tick");
+    }
+    assert_eq!(engine.groups_advanced(), before, "no binding is left to judge");
+}
