@@ -2,8 +2,8 @@
 //! stratum is built in order; recursive strata iterate to a fixed point.
 
 use crate::plan::{compare, AtomFilter, CExpr, CHead, RulePlan, Step};
-use crate::temporal;
 use crate::rows::{RowKeyBatcher, RowKeyBuilder, RowKeySpine, RowRef, RowValBatcher, RowValBuilder, RowValSpine};
+use crate::temporal;
 use crate::value::{Row, Value};
 use ccattler_parser::program::{Builtin, Program, RelId};
 use differential_dataflow::lattice::Lattice;

@@ -884,7 +884,9 @@ impl Relay {
                 self.seq += 1;
                 return Next::Cmd(match wire {
                     Wire::Stage { at, touched } => Cmd::Stage { at, changes: Vec::new(), touched },
-                    Wire::Apply { revs, touched } => Cmd::Apply { batches: revs.into_iter().map(|rev| (rev, Vec::new())).collect(), touched, closed: Vec::new() },
+                    Wire::Apply { revs, touched } => {
+                        Cmd::Apply { batches: revs.into_iter().map(|rev| (rev, Vec::new())).collect(), touched, closed: Vec::new() }
+                    }
                     Wire::Read { id, rel, prefix, as_of } => Cmd::Read { rel, prefix, as_of, reply: Answer::Relay(id) },
                     Wire::Pin { rev } => Cmd::Pin { rev },
                     Wire::Unpin { rev } => Cmd::Unpin { rev },
@@ -1329,7 +1331,14 @@ fn mark(groups: &mut [Group], readers: &BTreeMap<RelId, Vec<usize>>, touched: &[
 /// Enters input changes into the sessions of the groups that read them at
 /// time `at` (not yet flushed); a group whose gate of the relation is
 /// `closed` keeps them for later ([`Group::pending`]).
-fn feed(groups: &mut [Group], hubs: &mut BTreeMap<RelId, Hub>, readers: &BTreeMap<RelId, Vec<usize>>, at: u64, changes: Vec<Change>, closed: &[(usize, RelId)]) {
+fn feed(
+    groups: &mut [Group],
+    hubs: &mut BTreeMap<RelId, Hub>,
+    readers: &BTreeMap<RelId, Vec<usize>>,
+    at: u64,
+    changes: Vec<Change>,
+    closed: &[(usize, RelId)],
+) {
     for (rel, row, d) in changes {
         let Some(gs) = readers.get(&rel) else { continue };
         if !closed.iter().any(|(_, r)| *r == rel) {

@@ -63,7 +63,8 @@ fn every_rule_that_joins_the_clock_runs_as_a_temporal_filter() {
             continue;
         }
         let head = program.relations[p.head].name.clone();
-        let (_, t) = ccattler_engine::temporal::find(&p, |rel| program.relations[rel].arity()).unwrap_or_else(|| panic!("{} joins the clock as usual", p.label));
+        let (_, t) =
+            ccattler_engine::temporal::find(&p, |rel| program.relations[rel].arity()).unwrap_or_else(|| panic!("{} joins the clock as usual", p.label));
         assert_eq!(t.rel, clock, "{}", p.label);
         if t.indexed() {
             indexed.push(head);

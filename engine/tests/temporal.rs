@@ -33,8 +33,7 @@ const PROGRAM: &str = "input a(x: int, y: int) from \"a/{x}/{y}\"\n\
 
 /// Values at the edges: i64's, the bound of 2^40 on either side, and a
 /// few small ones the clock moves between.
-const EDGES: [i64; 16] =
-    [0, 1, 2, 3, 5, 7, 30, -4, (1 << 40) - 1, 1 << 40, (1 << 40) + 1, -(1 << 40), i64::MAX, i64::MIN, i64::MAX - 1, i64::MIN + 1];
+const EDGES: [i64; 16] = [0, 1, 2, 3, 5, 7, 30, -4, (1 << 40) - 1, 1 << 40, (1 << 40) + 1, -(1 << 40), i64::MAX, i64::MIN, i64::MAX - 1, i64::MIN + 1];
 
 fn run(seed: u64, workers: usize) -> Result<(), String> {
     let mut rng = Rng(seed.max(1));
