@@ -37,8 +37,7 @@ const EDGES: [i64; 16] = [0, 1, 2, 3, 5, 7, 30, -4, (1 << 40) - 1, 1 << 40, (1 <
 
 fn run(seed: u64, workers: usize) -> Result<(), String> {
     let mut rng = Rng(seed.max(1));
-    let checked = ccattler_parser::check_str("temporal.rules", PROGRAM);
-    let program = Arc::new(checked.program.clone().ok_or_else(|| checked.render())?);
+    let program = checked(PROGRAM);
     let rel = |name: &str| program.relation(name).expect("declared");
     let (a, g, clock) = (rel("a"), rel("g"), rel("clock"));
     let mut engine = Engine::start(program.clone(), workers).map_err(|e| e.to_string())?;
@@ -108,6 +107,12 @@ fn run(seed: u64, workers: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// A program that checks, or the test stops with its diagnostics.
+fn checked(text: &str) -> Arc<ccattler_parser::Program> {
+    let checked = ccattler_parser::check_str("temporal.rules", text);
+    Arc::new(checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render())))
+}
+
 #[test]
 fn a_temporal_filter_matches_the_oracle_at_the_edges_of_i64() {
     if let Ok(seed) = std::env::var("TEMPORAL_SEED") {
@@ -137,8 +142,7 @@ fn a_tick_that_changes_nothing_advances_no_dataflow() {
         output early(n: int, c: int) to \"e/{n}/{c}\"\n\
         stale(n) :- hb(n, b), clock(c), max(c - b - 30, b - c) > 0.\n\
         early(n, c) :- hb(n, b), b < 0, clock(c).\n";
-    let checked = ccattler_parser::check_str("gate.rules", text);
-    let program = Arc::new(checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render())));
+    let program = checked(text);
     let rel = |name: &str| program.relation(name).expect("declared");
     let (hb, clock) = (rel("hb"), rel("clock"));
     let int = |n: i64| -> Row { smallvec::smallvec![Value::Int(n)] };
@@ -202,8 +206,7 @@ fn a_binding_retracted_on_another_worker_no_longer_holds_the_gate_open() {
         input clock(c: int) from \"clock/{c}\"\n\
         output since(n: int, c: int) to \"since/{n}/{c}\"\n\
         since(n, c) :- hb(n, _), not done(n), clock(c).\n";
-    let checked = ccattler_parser::check_str("gate.rules", text);
-    let program = Arc::new(checked.program.clone().unwrap_or_else(|| panic!("{}", checked.render())));
+    let program = checked(text);
     let rel = |name: &str| program.relation(name).expect("declared");
     let (hb, done, clock) = (rel("hb"), rel("done"), rel("clock"));
     let int = |n: i64| -> Row { smallvec::smallvec![Value::Int(n)] };
