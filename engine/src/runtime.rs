@@ -308,6 +308,13 @@ impl Engine {
         self.shared.advances.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// How many changes wait at gates ([`Layout::gates`]) after the last
+    /// apply: a few per gate (the reading gone and the reading come),
+    /// however long the gate stays closed.
+    pub fn waiting_at_gates(&self) -> u64 {
+        self.shared.waiting.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The revision staged at (still open), or else the last one applied.
     fn latest(&self) -> u64 {
         self.staged.unwrap_or(self.last_rev)
@@ -650,6 +657,9 @@ struct Shared {
     quiet: Vec<Mutex<Vec<(RelId, Arc<temporal::Quiet>)>>>,
     /// Groups advanced by worker 0 ([`Engine::groups_advanced`]).
     advances: std::sync::atomic::AtomicU64,
+    /// Changes waiting at gates on worker 0 after its last apply
+    /// ([`Engine::waiting_at_gates`]).
+    waiting: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -658,6 +668,7 @@ impl Shared {
             fed_at: (0..layout.derived.len()).map(|_| Default::default()).collect(),
             quiet: (0..layout.derived.len()).map(|_| Default::default()).collect(),
             advances: Default::default(),
+            waiting: Default::default(),
             layout,
             barrier: Mutex::new((0, 0)),
             arrived: std::sync::Condvar::new(),
@@ -1208,6 +1219,12 @@ fn run_worker(worker: &mut timely::worker::Worker, program: &Program, shared: &S
                 for hub in hubs.values_mut().filter(|h| h.advanced == rev) {
                     hub.compact(&Antichain::from_elem(oldest));
                 }
+                for group in &mut groups {
+                    group.settle_pending(rev + 1);
+                }
+                if worker.index() == 0 {
+                    shared.waiting.store(groups.iter().map(|g| g.pending.len() as u64).sum(), Ordering::Release);
+                }
                 send_part(&outputs);
                 if let Some(tx) = &tx {
                     if !reporting || tx.send(Report::Done { rev }).is_err() {
@@ -1271,6 +1288,26 @@ impl Group {
         for (rel, at, row, d) in std::mem::take(&mut self.pending) {
             self.inputs.get_mut(&rel).expect("a gate is on an input").update_at(row, at.max(from), d);
         }
+    }
+
+    /// Sums what waited at revisions before `first` (once a later apply
+    /// comes, they all go in at its first revision, [`Group::release`]),
+    /// so a gate closed for days holds one reading gone and one come, not
+    /// every tick's.
+    fn settle_pending(&mut self, first: u64) {
+        if self.pending.iter().all(|(_, at, _, _)| *at >= first) {
+            return;
+        }
+        let mut summed: BTreeMap<(RelId, Row), isize> = BTreeMap::new();
+        let mut current = Vec::new();
+        for (rel, at, row, d) in std::mem::take(&mut self.pending) {
+            if at < first {
+                *summed.entry((rel, row)).or_default() += d;
+            } else {
+                current.push((rel, at, row, d));
+            }
+        }
+        self.pending = summed.into_iter().filter(|(_, d)| *d != 0).map(|((rel, row), d)| (rel, 0, row, d)).chain(current).collect();
     }
 }
 

@@ -164,6 +164,10 @@ fn a_tick_that_changes_nothing_advances_no_dataflow() {
         tick(&mut engine, c, c + 1);
     }
     assert_eq!(engine.groups_advanced(), before, "ticks 102..=120 changed nothing");
+    // Per gate, the reading gone (101) and the reading come (120): what
+    // waits does not grow with the ticks.
+    let gates = engine.waiting_at_gates() / 2;
+    assert!((1..=2).contains(&gates), "one gate per stratum reading the clock, {} waiting", engine.waiting_at_gates());
     assert!(rows(&engine, "stale").is_empty());
     // A beat of 85 while the reading is 120 (the joins last saw 101): stale
     // at 120 (120 - 85 > 30), not at 101. Its group advances, and the ticks
@@ -177,6 +181,7 @@ fn a_tick_that_changes_nothing_advances_no_dataflow() {
         tick(&mut engine, c, c + 1);
     }
     assert_eq!(engine.groups_advanced(), before, "ticks 121..=130 changed nothing");
+    assert_eq!(engine.waiting_at_gates(), 2 * gates, "ten more ticks wait as one");
     tick(&mut engine, 130, 131);
     assert!(engine.groups_advanced() > before, "131 crosses node 1's flip");
     assert_eq!(rows(&engine, "stale"), vec![int(1), int(3)]);
