@@ -280,11 +280,14 @@ impl Engine {
         let mut closed = Vec::new();
         for gate in &self.shared.layout.gates {
             let slots = self.shared.quiet[gate.group].lock().unwrap_or_else(|e| e.into_inner());
-            let of_rel: Vec<(i64, i64)> = slots.iter().filter(|(rel, _)| *rel == gate.rel).map(|(_, q)| q.readings()).collect();
-            if of_rel.len() != gate.joins * self.shared.workers {
+            let (joins, lo, hi) = slots
+                .iter()
+                .filter(|(rel, _)| *rel == gate.rel)
+                .map(|(_, q)| q.readings())
+                .fold((0, i64::MIN, i64::MAX), |(n, lo, hi), (l, h)| (n + 1, lo.max(l), hi.min(h)));
+            if joins != gate.joins * self.shared.workers {
                 continue;
             }
-            let (lo, hi) = of_rel.into_iter().fold((i64::MIN, i64::MAX), |(lo, hi), (l, h)| (lo.max(l), hi.min(h)));
             let (mut touched, mut quiet) = (false, lo <= hi);
             for (_, changes) in batches {
                 let mut net = 0;

@@ -25,9 +25,9 @@ use crate::plan::{AtomFilter, CExpr, CHead, RulePlan, Step};
 use crate::value::{Row, Value};
 use ccattler_parser::ast::{BinOp, CmpOp, Func};
 use ccattler_parser::program::RelId;
-use differential_dataflow::hashable::Hashable;
 use differential_dataflow::AsCollection;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -326,7 +326,12 @@ pub fn join<'s>(bindings: Coll<'s, u64>, facts: Coll<'s, u64>, placed: Placed, n
     // Every change of one binding meets on one worker (a binding's
     // insertion and its retraction may come from different workers).
     let arriving = placed.arriving.clone();
-    let by_binding = Exchange::new(move |(row, _, _): &(Row, u64, isize)| arriving.iter().map(|v| &row[*v]).collect::<Vec<&Value>>().hashed());
+    let by_binding = Exchange::new(move |(row, _, _): &(Row, u64, isize)| {
+        // (One seed in every process, as differential's own exchanges.)
+        let mut h = foldhash::quality::FixedState::with_seed(0).build_hasher();
+        arriving.iter().for_each(|v| row[*v].hash(&mut h));
+        h.finish()
+    });
     let mut held = Held::new(placed);
     bindings
         .inner

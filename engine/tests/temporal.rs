@@ -61,7 +61,7 @@ fn run(seed: u64, workers: usize) -> Result<(), String> {
         };
         let value = |rng: &mut Rng| if rng.below(3) == 0 { *rng.pick(&EDGES) } else { rng.below(12) as i64 - 2 };
         for _ in 0..rng.below(4) {
-            let row: Row = smallvec::smallvec![Value::Int(rng.below(6) as i64), Value::Int(value(&mut rng))];
+            let row = pair(rng.below(6) as i64, value(&mut rng));
             let which = if rng.below(3) == 0 { g } else { a };
             toggle(&mut inputs, which, row);
         }
@@ -69,7 +69,7 @@ fn run(seed: u64, workers: usize) -> Result<(), String> {
         // gains a second reading, or is gone.
         let old = inputs.get(&clock).cloned().unwrap_or_default();
         match rng.below(8) {
-            0 => toggle(&mut inputs, clock, smallvec::smallvec![Value::Int(value(&mut rng))]),
+            0 => toggle(&mut inputs, clock, int(value(&mut rng))),
             1 => {
                 for row in old {
                     toggle(&mut inputs, clock, row);
@@ -80,7 +80,7 @@ fn run(seed: u64, workers: usize) -> Result<(), String> {
                 for row in old {
                     toggle(&mut inputs, clock, row);
                 }
-                toggle(&mut inputs, clock, smallvec::smallvec![Value::Int(reading)]);
+                toggle(&mut inputs, clock, int(reading));
             }
         }
         // Some revisions wait to go in with the next (one apply of several:
@@ -105,6 +105,15 @@ fn run(seed: u64, workers: usize) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A row of one int, and of two.
+fn int(n: i64) -> Row {
+    smallvec::smallvec![Value::Int(n)]
+}
+
+fn pair(x: i64, y: i64) -> Row {
+    smallvec::smallvec![Value::Int(x), Value::Int(y)]
 }
 
 /// A program that checks, or the test stops with its diagnostics.
@@ -145,8 +154,6 @@ fn a_tick_that_changes_nothing_advances_no_dataflow() {
     let program = checked(text);
     let rel = |name: &str| program.relation(name).expect("declared");
     let (hb, clock) = (rel("hb"), rel("clock"));
-    let int = |n: i64| -> Row { smallvec::smallvec![Value::Int(n)] };
-    let pair = |x: i64, y: i64| -> Row { smallvec::smallvec![Value::Int(x), Value::Int(y)] };
     let mut engine = Engine::start(program.clone(), 2).expect("engine");
     let rows = |engine: &Engine, name: &str| -> Vec<Row> { engine.query(rel(name)).expect("query") };
     engine.apply(1, vec![(hb, pair(1, 100), 1), (clock, int(101), 1)]).expect("load");
@@ -214,9 +221,8 @@ fn a_binding_retracted_on_another_worker_no_longer_holds_the_gate_open() {
     let program = checked(text);
     let rel = |name: &str| program.relation(name).expect("declared");
     let (hb, done, clock) = (rel("hb"), rel("done"), rel("clock"));
-    let int = |n: i64| -> Row { smallvec::smallvec![Value::Int(n)] };
     let mut engine = Engine::start(program.clone(), 2).expect("engine");
-    let beats: Vec<(usize, Row, isize)> = (0..16).map(|n| (hb, smallvec::smallvec![Value::Int(n), Value::Int(1)], 1)).collect();
+    let beats: Vec<(usize, Row, isize)> = (0..16).map(|n| (hb, pair(n, 1), 1)).collect();
     engine.apply(1, [beats, vec![(clock, int(10), 1)]].concat()).expect("load");
     assert_eq!(engine.query(rel("since")).expect("query").len(), 16);
     engine.apply(2, (0..16).map(|n| (done, int(n), 1)).collect()).expect("all done");
