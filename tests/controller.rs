@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use etcd_client::{Client, GetOptions};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -299,6 +300,55 @@ async fn kill_9_during_a_large_write_back_then_restart_converges_and_never_overw
     // The per-node view matches the placements exactly.
     let per_node = etcd.get("placement/node/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count();
     assert_eq!(per_node as usize, instances);
+}
+
+/// A write-back's bulk goes in transactions guarded by one compare over the
+/// range of their keys. A key inside that range written meanwhile by someone
+/// else (root here, on keys no rule manages) refuses the transaction though
+/// none of its own keys moved: it is retried key by key, everything is
+/// written, and the other writer's keys are never touched.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_range_guarded_write_refused_by_a_neighbour_written_meanwhile_is_retried_key_by_key() {
+    let _serial = serial();
+    let mut etcd = fresh_etcd().await;
+    let instances = 2000;
+    put_all(&mut etcd, &cluster(20, instances)).await;
+    // Between an instance's derived keys (`…/state` < `…/zz` < the next
+    // instance's): twenty, so that some lie inside a transaction's range
+    // rather than between two.
+    let neighbours: Vec<String> = (1000..1020).map(|i| format!("effective/instance/web-{i}/zz")).collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (mut etcd, neighbours, stop) = (etcd.clone(), neighbours.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut puts = vec![0i64; neighbours.len()];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (n, key) in neighbours.iter().enumerate() {
+                    puts[n] += 1;
+                    etcd.put(key.as_str(), puts[n].to_string(), None).await.expect("put");
+                }
+            }
+            puts
+        })
+    };
+    let c = Controller::start("a", &shipped_rules());
+    wait_for("every instance placed", Duration::from_secs(120), || {
+        let mut e = etcd.clone();
+        async move { e.get("placement/instance/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count() as usize == instances }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let puts = writer.await.unwrap();
+    settled(&c, &mut etcd, Duration::from_secs(60)).await;
+    let retried = c.metric("range_guard_retries_total").unwrap_or(0.0);
+    assert!(retried >= 1.0, "no range-guarded transaction was refused and retried: the test tested nothing\n{}", c.metrics_text());
+    let states = etcd.get("effective/instance/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let written = states.kvs().iter().filter(|kv| kv.key_str().unwrap().ends_with("/service")).count();
+    assert_eq!(written, instances, "every instance's derived keys are written");
+    for (key, n) in neighbours.iter().zip(puts) {
+        let kv = etcd.get(key.as_str(), None).await.unwrap().kvs().first().cloned().unwrap_or_else(|| panic!("{key} was deleted"));
+        assert_eq!((kv.value_str().unwrap(), kv.version()), (n.to_string().as_str(), n), "{key} was written by someone other than its writer");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -44,3 +44,61 @@ async fn a_watch_catching_up_takes_responses_over_4_mib() {
     assert!(largest > 4 << 20, "the test needs a response over 4 MiB; the largest was {largest} bytes");
     client.delete(prefix.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())).await.expect("clean up");
 }
+
+/// `Guard::Unchanged` (one compare over a range of keys, at a revision)
+/// refuses whatever a compare per key refuses — a key created or changed
+/// since — and more: a neighbour in the range written since. A guard per key
+/// then passes the same ops.
+#[tokio::test]
+async fn a_range_guard_refuses_a_key_created_or_changed_since_and_a_neighbour_written_since() {
+    use ccattler_store::etcd::{write_guarded, Fence, Guard, Op, Written};
+    let mut client = connect_as(&etcd_url(), &credentials(), "root").await;
+    let p = format!("test/rangeguard/{}/", std::process::id());
+    let key = |k: &str| format!("{p}{k}");
+    let rev = |c: &mut etcd_client::Client| {
+        let mut c = c.clone();
+        async move { c.get("x", None).await.unwrap().header().unwrap().revision() }
+    };
+    let fence_rev = client.put(key("fence"), "me", None).await.unwrap().header().unwrap().revision();
+    let fence = Fence { key: key("fence"), create_revision: fence_rev };
+    let range = |from: &str, to: &str, revision: i64| {
+        let mut end = key(to).into_bytes();
+        end.push(0);
+        Guard::Unchanged { from: key(from), to: end, revision }
+    };
+    let create = |k: &str| Op::Create { key: key(k), value: "v".into() };
+    let committed = |w: Written| matches!(w, Written::Committed(_));
+
+    // An empty range: created.
+    let at = rev(&mut client).await;
+    assert!(committed(write_guarded(&mut client, &fence, &[create("a"), create("c")], &range("a", "c", at), None).await.unwrap()));
+    // A neighbour written since the plan: refused though a and c did not move;
+    // a compare per key passes.
+    let at = rev(&mut client).await;
+    client.put(key("b"), "other", None).await.unwrap();
+    let held = |c: &mut etcd_client::Client, k: String| {
+        let mut c = c.clone();
+        async move { c.get(k, None).await.unwrap().kvs()[0].mod_revision() }
+    };
+    let (ra, rc) = (held(&mut client, key("a")).await, held(&mut client, key("c")).await);
+    let update = |k: &str, r: i64| Op::Update { key: key(k), value: "w".into(), mod_revision: r };
+    let ops = [update("a", ra), update("c", rc)];
+    assert!(!committed(write_guarded(&mut client, &fence, &ops, &range("a", "c", at), None).await.unwrap()));
+    assert!(committed(write_guarded(&mut client, &fence, &ops, &Guard::EachKey, None).await.unwrap()));
+    // A key planned absent and created since: never overwritten.
+    let at = rev(&mut client).await;
+    client.put(key("d"), "theirs", None).await.unwrap();
+    assert!(!committed(write_guarded(&mut client, &fence, &[create("d"), create("e")], &range("d", "e", at), None).await.unwrap()));
+    assert_eq!(client.get(key("d"), None).await.unwrap().kvs()[0].value_str().unwrap(), "theirs");
+    // A key changed since: refused.
+    let at = rev(&mut client).await;
+    let rd = held(&mut client, key("d")).await;
+    client.put(key("d"), "again", None).await.unwrap();
+    assert!(!committed(write_guarded(&mut client, &fence, &[update("d", rd)], &range("d", "d", at), None).await.unwrap()));
+    // Fenced as ever: another leader's fence refuses it.
+    let at = rev(&mut client).await;
+    let stale = Fence { key: key("fence"), create_revision: fence_rev + 1 };
+    assert!(!committed(write_guarded(&mut client, &stale, &[create("f"), create("g")], &range("f", "g", at), None).await.unwrap()));
+    assert!(client.get(key("f"), None).await.unwrap().kvs().is_empty());
+    client.delete(p.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+}

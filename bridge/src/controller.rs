@@ -2,7 +2,7 @@
 //! the engine, and — while this controller leads — the difference written back
 //! in fenced compare-and-swap transactions. Standbys keep their engine warm.
 
-use crate::etcd::{self, EtcdConfig, Fence, Written};
+use crate::etcd::{self, EtcdConfig, Fence, Guard, Written};
 use crate::gate::WriteGate;
 use crate::metrics::Metrics;
 use crate::reconcile::{PlanCursor, Reconciler};
@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// The key whose holder leads; created under the leader's lease.
 pub const LEADER_KEY: &str = "status/leader";
@@ -709,14 +709,17 @@ pub async fn run_until(cfg: ControllerConfig, mut stop: tokio::sync::watch::Rece
                     }
                     if !batch.is_empty() {
                         let t = Instant::now();
+                        let revisions = batch.len();
                         tokio::task::block_in_place(|| r.apply_many(batch))?;
                         shared.metrics.evaluation.observe(t.elapsed().as_secs_f64());
+                        debug!(revisions, seconds = t.elapsed().as_secs_f64(), "applied");
                     }
                     shared.metrics.observe(r, head.max(r.revision()));
                     shared.health.applied(head.max(r.revision()));
                     if cluster_counted.is_due() {
                         let t = Instant::now();
                         shared.metrics.observe_cluster(r);
+                        debug!(seconds = t.elapsed().as_secs_f64(), "recounted the cluster's gauges");
                         cluster_counted.counted(t.elapsed());
                     }
                     console_recount(&shared, r, &mut console);
@@ -1029,9 +1032,21 @@ const TXN_DEADLINE: Duration = Duration::from_secs(30);
 /// committed before it counts as stuck (a new snapshot and watch follow).
 const WATCH_STALL: Duration = Duration::from_secs(30);
 
-/// One fenced write, failing with a timeout after [`TXN_DEADLINE`].
+/// One fenced write, each op guarded by its own compare, failing with a
+/// timeout after [`TXN_DEADLINE`].
 async fn write_within(client: &mut Client, fence: &Fence, ops: &[crate::reconcile::Op], stamp: Option<(&str, String)>) -> Result<Written, etcd_client::Error> {
-    match tokio::time::timeout(TXN_DEADLINE, etcd::write(client, fence, ops, stamp)).await {
+    write_guarded_within(client, fence, ops, &Guard::EachKey, stamp).await
+}
+
+/// [`write_within`] with the ops held by `guard`.
+async fn write_guarded_within(
+    client: &mut Client,
+    fence: &Fence,
+    ops: &[crate::reconcile::Op],
+    guard: &Guard,
+    stamp: Option<(&str, String)>,
+) -> Result<Written, etcd_client::Error> {
+    match tokio::time::timeout(TXN_DEADLINE, etcd::write_guarded(client, fence, ops, guard, stamp)).await {
         Ok(result) => result,
         Err(_) => Err(etcd_client::Error::IoError(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
@@ -1051,7 +1066,9 @@ async fn write_back(
     metrics: &Metrics,
     deletes_only: bool,
 ) -> Result<WriteBack, etcd_client::Error> {
-    // Planned a transaction at a time, while earlier ones are in flight.
+    // Planned a transaction at a time, while earlier ones are in flight;
+    // each guarded as cheaply as holds it to its plan (one compare over a
+    // run of keys in a cold start's bulk, a compare per key otherwise).
     let mut cursor = PlanCursor::default();
     let first = plan_chunk(r, &mut cursor, budget, deletes_only);
     if first.is_empty() {
@@ -1065,32 +1082,50 @@ async fn write_back(
     let stamp = (!deletes_only).then_some(crate::reconcile::DERIVED_REVISION);
     let derived = r.revision();
     let mut next = Some(first);
-    // Halves of a transaction etcd refused for good, to find the key behind it.
+    // Halves of a transaction etcd refused for good, to find the key behind
+    // it, and range-guarded ones refused, to try key by key.
     let mut retry: Vec<Vec<crate::reconcile::Op>> = Vec::new();
     let mut running = tokio::task::JoinSet::new();
     let (mut last, mut refused, mut failure) = (0u64, None::<u64>, None);
     loop {
         while refused.is_none() && failure.is_none() && running.len() < IN_FLIGHT {
-            let chunk = match retry.pop() {
-                Some(c) => c,
-                None => next.take().unwrap_or_else(|| plan_chunk(r, &mut cursor, budget, deletes_only)),
+            let (chunk, guard) = match retry.pop() {
+                Some(c) => (c, Guard::EachKey),
+                None => {
+                    let chunk = next.take().unwrap_or_else(|| plan_chunk(r, &mut cursor, budget, deletes_only));
+                    let guard = r.guard_for(&chunk);
+                    (chunk, guard)
+                }
             };
             if chunk.is_empty() {
                 break;
             }
             let (mut c, f) = (client.clone(), fence.clone());
             running.spawn(async move {
-                let result = write_within(&mut c, &f, &chunk, stamp.map(|k| (k, derived.to_string()))).await;
-                (chunk, result)
+                let result = write_guarded_within(&mut c, &f, &chunk, &guard, stamp.map(|k| (k, derived.to_string()))).await;
+                (chunk, guard, result)
             });
         }
         let Some(joined) = running.join_next().await else { break };
-        let (chunk, result) = joined.expect("write-back task does not panic");
+        let (chunk, guard, result) = joined.expect("write-back task does not panic");
         match result {
             Ok(Written::Committed(rev)) => {
                 r.written(&chunk, rev);
                 metrics.txn(true, chunk.len());
                 last = last.max(rev as u64);
+            }
+            // Something in the range moved, not necessarily one of these
+            // keys (another transaction of this write-back, or a neighbour):
+            // again, a compare per key.
+            Ok(Written::Refused(rev)) if guard != Guard::EachKey => {
+                debug!(
+                    revision = rev,
+                    first_key = chunk.first().map_or("", |op| op.key()),
+                    keys = chunk.len(),
+                    "a range-guarded transaction was refused; retrying it key by key"
+                );
+                metrics.range_retried.inc();
+                retry.push(chunk);
             }
             Ok(Written::Refused(rev)) => {
                 metrics.txn(false, 0);

@@ -5,12 +5,13 @@
 //! it: snapshot and watch, fenced transactions, leadership; [`etcd`] the
 //! etcd calls; [`watch`] reads and decodes the watch, [`gate`] says when a
 //! leader may write; [`http`] and [`metrics`] what operators scrape;
-//! [`explain`] answers `explain` from a controller's warm engine or a
+//! [`counts`] keeps the cluster's gauges; [`explain`] answers `explain` from a controller's warm engine or a
 //! snapshot.
 
 pub mod autoscaler;
 pub mod console;
 pub mod controller;
+pub mod counts;
 pub mod explain;
 pub mod gate;
 pub mod http;

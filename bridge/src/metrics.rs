@@ -21,6 +21,8 @@ pub struct Metrics {
     pub evaluation: Histogram,
     pub transactions: Family<TxnLabels, Counter>,
     pub keys_written: Counter,
+    /// Range-guarded transactions refused and retried key by key.
+    pub range_retried: Counter,
     pub conflicts: Gauge,
     pub rejected: Gauge,
     pub leader: Gauge,
@@ -34,7 +36,7 @@ pub struct Metrics {
     /// holds them, and their bytes.
     pub interned: Gauge,
     pub interned_bytes: Gauge,
-    /// The cluster as the rules see it (recounted every few seconds).
+    /// The cluster as the rules see it (kept as keys change, published every 2 s).
     pub nodes: Family<StateLabels, Gauge>,
     pub instances: Family<StateLabels, Gauge>,
     pub unplaced: Gauge,
@@ -68,6 +70,7 @@ impl Metrics {
             evaluation: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             transactions: Family::default(),
             keys_written: Counter::default(),
+            range_retried: Counter::default(),
             conflicts: Gauge::default(),
             rejected: Gauge::default(),
             leader: Gauge::default(),
@@ -92,6 +95,11 @@ impl Metrics {
         registry.register("evaluation_seconds", "Time to apply one revision to the engine", m.evaluation.clone());
         registry.register("transactions", "Write-back transactions by result", m.transactions.clone());
         registry.register("keys_written", "Keys written or deleted by write-back", m.keys_written.clone());
+        registry.register(
+            "range_guard_retries",
+            "Write-back transactions guarded by one compare over their keys' range, refused, and retried with a compare per key",
+            m.range_retried.clone(),
+        );
         registry.register("conflicts", "Output keys with more than one derived value", m.conflicts.clone());
         registry.register("rejected_facts", "Input facts rejected (see status/rejected/)", m.rejected.clone());
         registry.register("leader", "1 while this controller leads", m.leader.clone());
@@ -123,26 +131,11 @@ impl Metrics {
         self.interned_bytes.set(bytes as i64);
     }
 
-    /// Recounts the cluster's gauges from what the rules derive (a walk of
-    /// the derived keys: done every few seconds, not every revision).
+    /// Sets the cluster's gauges from the reconciler's counts (kept as
+    /// keys change) and its few rejected and blocked keys.
     pub fn observe_cluster(&self, r: &Reconciler) {
         use std::collections::BTreeMap;
-        let resolved = &r.outputs.resolved;
-        let under = |prefix: &'static str| resolved.range(prefix.to_string()..).take_while(move |(k, _)| k.starts_with(prefix));
-        let mut nodes: BTreeMap<String, i64> = BTreeMap::new();
-        for (k, v) in under("effective/node/") {
-            let rest = &k["effective/node/".len()..];
-            if rest.split('/').count() == 2 && rest.ends_with("/state") {
-                *nodes.entry(v.to_string()).or_default() += 1;
-            }
-        }
-        let instances = instance_states(under("effective/instance/").map(|(k, v)| (k, &**v)));
-        let mut rollouts: BTreeMap<String, i64> = BTreeMap::new();
-        for (k, v) in under("status/rollout/").filter(|(k, _)| k.ends_with("/state")) {
-            let _ = k;
-            let state = v.split(':').next().unwrap_or_default().to_string();
-            *rollouts.entry(state).or_default() += 1;
-        }
+        let counts = r.counts();
         let prefix = |k: &str| k.split('/').take(2).collect::<Vec<_>>().join("/") + "/";
         let mut rejected: BTreeMap<String, i64> = BTreeMap::new();
         for k in r.inputs.rejected.keys() {
@@ -153,19 +146,19 @@ impl Metrics {
             *blocked.entry(prefix(k)).or_default() += 1;
         }
         // States no longer seen go to 0 (kept, so a series does not vanish).
-        let set = |family: &Family<StateLabels, Gauge>, counts: BTreeMap<String, i64>, known: &[&str]| {
+        let set = |family: &Family<StateLabels, Gauge>, counts: &BTreeMap<String, i64>, known: &[&str]| {
             family.clear();
             for s in known {
                 family.get_or_create(&StateLabels { state: s.to_string() }).set(0);
             }
             for (state, n) in counts {
-                family.get_or_create(&StateLabels { state }).set(n);
+                family.get_or_create(&StateLabels { state: state.clone() }).set(*n);
             }
         };
-        set(&self.nodes, nodes, &["ready", "unreachable", "cordoned", "draining", "drained", "impaired"]);
-        set(&self.instances, instances, &["pending", "running", "crashed", "waiting", "stopping", "failed"]);
-        set(&self.rollouts, rollouts, &["progressing", "complete", "paused", "stalled"]);
-        self.unplaced.set(under("status/unplaced/").count() as i64);
+        set(&self.nodes, &counts.nodes, &["ready", "unreachable", "cordoned", "draining", "drained", "impaired"]);
+        set(&self.instances, &counts.instances, &["pending", "running", "crashed", "waiting", "stopping", "failed"]);
+        set(&self.rollouts, &counts.rollouts, &["progressing", "complete", "paused", "stalled"]);
+        self.unplaced.set(counts.unplaced);
         self.rejected_by_prefix.clear();
         for (p, n) in rejected {
             self.rejected_by_prefix.get_or_create(&PrefixLabels { prefix: p }).set(n);
@@ -197,62 +190,5 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// Instances by state from the derived keys under `effective/instance/`, in
-/// order: each with a `service` key counts, by its `state` or as pending
-/// without one. An instance's keys lie together (`effective/instance/I/…`,
-/// no name holds a `/`), so one walk counts them — not a lookup per
-/// instance, 150,000 of them every 2 s.
-fn instance_states<'a>(keys: impl Iterator<Item = (&'a String, &'a String)>) -> std::collections::BTreeMap<String, i64> {
-    let mut by_state = std::collections::BTreeMap::new();
-    let mut count = |instance: Option<(&str, bool, Option<&str>)>| {
-        if let Some((_, true, state)) = instance {
-            *by_state.entry(state.unwrap_or("pending").to_string()).or_default() += 1;
-        }
-    };
-    let mut current: Option<(&str, bool, Option<&str>)> = None;
-    for (k, v) in keys {
-        let Some((i, field)) = k.strip_prefix("effective/instance/").and_then(|r| r.split_once('/')) else { continue };
-        if current.is_none_or(|(c, ..)| c != i) {
-            count(current.take());
-            current = Some((i, false, None));
-        }
-        let c = current.as_mut().expect("just set");
-        match field {
-            "service" => c.1 = true,
-            "state" => c.2 = Some(v),
-            _ => {}
-        }
-    }
-    count(current);
-    by_state
-}
-
-#[cfg(test)]
-mod tests {
-    use super::instance_states;
-
-    #[test]
-    fn instances_are_counted_by_state_in_one_walk_a_prefix_of_another_name_included() {
-        let keys: std::collections::BTreeMap<String, String> = [
-            ("effective/instance/a-1/service", "a"),
-            ("effective/instance/a-1/state", "running"),
-            ("effective/instance/a/service", "a"),
-            ("effective/instance/a/node", "n1"),
-            ("effective/instance/a/state", "crashed"),
-            ("effective/instance/b/service", "b"),
-            // No service: not an instance the rules made (counted by none).
-            ("effective/instance/c/state", "running"),
-            ("effective/instance/d/service", "d"),
-            ("effective/instance/d/state", "running"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let counted = instance_states(keys.iter());
-        let want: Vec<(String, i64)> = vec![("crashed".into(), 1), ("pending".into(), 1), ("running".into(), 2)];
-        assert_eq!(counted.into_iter().collect::<Vec<_>>(), want);
     }
 }

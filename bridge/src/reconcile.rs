@@ -9,7 +9,7 @@
 use ccattler_engine::facts::{Derived, InputFacts, OutputFacts};
 use ccattler_engine::{Engine, EngineError};
 use ccattler_parser::program::Program;
-pub use ccattler_store::etcd::{Held, Op};
+pub use ccattler_store::etcd::{Guard, Held, Op};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -23,6 +23,9 @@ pub const CONFLICT: &str = "status/conflict/";
 pub const BLOCKED: &str = "status/blocked/";
 /// The revision the outputs were last derived from; written with every write-back.
 pub const DERIVED_REVISION: &str = "status/derived_revision";
+/// Keys the controller writes outside its plans (the stamp beside every
+/// write-back, the clock, the leader key): never inside a range guard.
+const UNPLANNED: [&str; 3] = [DERIVED_REVISION, ccattler_store::layout::CLOCK, crate::controller::LEADER_KEY];
 
 /// One change seen in etcd: a put (`Some`) or a delete (`None`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +121,8 @@ pub struct Reconciler {
     time: u64,
     /// Pages of a first snapshot were staged and not yet closed.
     loading: bool,
+    /// The cluster's gauges, kept as the derived keys change.
+    counts: crate::counts::ClusterCounts,
 }
 
 impl Reconciler {
@@ -138,6 +143,7 @@ impl Reconciler {
             blocked: BTreeMap::new(),
             revision: 0,
             time: 0,
+            counts: Default::default(),
             loading: false,
         }
     }
@@ -328,6 +334,7 @@ impl Reconciler {
         if self.outputs.resolved.is_empty() {
             // A first load: every key is new; one pass over both, in order.
             self.outputs.resolve_all(&self.program, touched);
+            self.counts = crate::counts::ClusterCounts::of(self.outputs.resolved.iter().map(|(k, d)| (k.as_str(), d.as_str())));
             let mut resolved = self.outputs.resolved.iter_mut().peekable();
             self.held.retain(|key, stored| {
                 while resolved.next_if(|(k, _)| k.as_str() < key.as_str()).is_some() {}
@@ -344,7 +351,11 @@ impl Reconciler {
         let held = &mut self.held;
         // New values etcd already holds: their revisions, set once resolved.
         let mut stored = Vec::new();
+        let mut counted = Vec::new();
         self.outputs.resolve_all_noting(&self.program, touched, |at, key, old, new| {
+            if crate::counts::is_counted(key) {
+                counted.push((key.to_string(), old.as_ref().map(|d| d.as_str().to_string())));
+            }
             match old.and_then(|d| d.stored_at().map(|rev| (d, rev))) {
                 // etcd held the old value (so not the new one): it stays apart.
                 Some((old, rev)) => {
@@ -363,6 +374,13 @@ impl Reconciler {
                 d.set_stored_at(Some(rev));
             }
         }
+        let resolved = &self.outputs.resolved;
+        self.counts.apply(&counted, |k| resolved.get(k).map(|d| d.as_str()));
+    }
+
+    /// The cluster's gauges as the rules see it now.
+    pub fn counts(&self) -> &crate::counts::ClusterCounts {
+        &self.counts
     }
 
     /// Records one revision's events; returns the tuple changes they cause.
@@ -464,6 +482,32 @@ impl Reconciler {
     /// transaction without planning every key first.
     pub fn plan_next(&self, cursor: &mut PlanCursor, budget: Budget) -> Vec<Op> {
         self.plan_chunk(self.all_dirty, cursor, budget)
+    }
+
+    /// The cheapest guard that holds `chunk` to its plan: one compare over
+    /// the range of its keys ([`Guard::Unchanged`] at the revision this
+    /// state reflects) when they are sorted, lie in one namespace only the
+    /// controller writes, and the range holds none of the keys written
+    /// outside plans and at most four keys per op (etcd reads them to judge
+    /// it); a compare per key otherwise. A range guard refused may be
+    /// spurious (a neighbour written by another transaction of the same
+    /// write-back): the writer retries it key by key.
+    pub fn guard_for(&self, chunk: &[Op]) -> Guard {
+        let (Some(first), Some(last)) = (chunk.first().map(Op::key), chunk.last().map(Op::key)) else { return Guard::EachKey };
+        let sorted = chunk.windows(2).all(|w| w[0].key() < w[1].key());
+        let one_namespace = ccattler_store::auth::CONTROLLER_WRITES.iter().any(|p| first.starts_with(p) && last.starts_with(p));
+        if chunk.len() < 2 || !sorted || !one_namespace || UNPLANNED.iter().any(|k| (first..=last).contains(k)) {
+            return Guard::EachKey;
+        }
+        let limit = 4 * chunk.len();
+        let within = (Bound::Included(first), Bound::Included(last));
+        let stored = self.outputs.resolved.range::<str, _>(within).take(limit + 1).count() + self.held.range::<str, _>(within).take(limit + 1).count();
+        if stored > limit {
+            return Guard::EachKey;
+        }
+        let mut to = last.as_bytes().to_vec();
+        to.push(0);
+        Guard::Unchanged { from: first.to_string(), to, revision: self.revision as i64 }
     }
 
     /// Plans over the dirty keys, or over every managed key (`all`) in three
@@ -589,6 +633,38 @@ mod tests {
 
     fn put(key: &str, value: &str, rev: i64) -> Event {
         Event { key: key.into(), value: Some(Held { value: value.into(), mod_revision: rev, create_revision: rev }) }
+    }
+
+    /// A cold start's run of creates in one namespace is held by one
+    /// compare over its range; a chunk out of order, across namespaces, over
+    /// a key written outside plans, or over a range holding many keys etcd
+    /// has is held key by key.
+    #[test]
+    fn a_range_guard_only_for_a_sorted_run_in_one_controller_namespace_over_few_held_keys() {
+        let mut r = Reconciler::new(program(), 1).unwrap();
+        let intents: Vec<(String, Held)> =
+            (0..50).map(|i| (format!("intent/user/service/s{i:02}/instances"), Held { value: "3".into(), mod_revision: 5, create_revision: 5 })).collect();
+        r.rebase(10, intents).unwrap();
+        let plan = r.plan();
+        assert_eq!(plan.len(), 50);
+        let (from, to) = (plan[0].key(), plan[49].key());
+        let end = |k: &str| [k.as_bytes(), &[0]].concat();
+        assert_eq!(r.guard_for(&plan), Guard::Unchanged { from: from.into(), to: end(to), revision: 10 });
+        assert_eq!(r.guard_for(&plan[..1]), Guard::EachKey, "one key: its own compare");
+        let mut unsorted = plan.clone();
+        unsorted.swap(0, 1);
+        assert_eq!(r.guard_for(&unsorted), Guard::EachKey);
+        let create = |k: &str| Op::Create { key: k.into(), value: "v".into() };
+        assert_eq!(r.guard_for(&[create("effective/z"), create("endpoint/a")]), Guard::EachKey, "across namespaces");
+        assert_eq!(r.guard_for(&[create("desired/a"), create("desired/b")]), Guard::EachKey, "a namespace others write");
+        assert_eq!(r.guard_for(&[create("status/a"), create("status/z")]), Guard::EachKey, "over the stamp, the clock and the leader key");
+        assert!(matches!(r.guard_for(&[create("status/e"), create("status/f")]), Guard::Unchanged { .. }));
+        // Written and seen back: two keys planned over a range of fifty held.
+        r.written(&plan, 11);
+        r.apply(12, &[put("intent/user/service/s00/instances", "4", 12), put("intent/user/service/s49/instances", "4", 12)]).unwrap();
+        let sparse = r.plan();
+        assert_eq!(sparse.len(), 2);
+        assert_eq!(r.guard_for(&sparse), Guard::EachKey, "etcd would read 50 keys to judge 2");
     }
 
     #[test]

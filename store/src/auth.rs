@@ -55,6 +55,10 @@ pub enum Range {
 /// `secret/` is not among them.
 pub const PUBLIC_NAMESPACES: [&str; 7] = ["desired/", "intent/", "observed/", "effective/", "placement/", "endpoint/", "status/"];
 
+/// The namespaces only the controller may write (no other role is granted
+/// them): a range inside one changes only by the controller's own hand.
+pub const CONTROLLER_WRITES: [&str; 5] = ["effective/", "placement/", "endpoint/", "status/", "secret/node/"];
+
 /// The permissions of a role, one per range (etcd keeps one permission per
 /// range: granting read and then write on one prefix would leave only write).
 pub fn grants(role: &str) -> Option<Vec<(Range, Access)>> {
@@ -63,7 +67,7 @@ pub fn grants(role: &str) -> Option<Vec<(Range, Access)>> {
     let list: Vec<(Range, Access)> = match role {
         CONTROLLER => {
             let mut g = vec![(Range::All, Read)];
-            g.extend(["effective/", "placement/", "endpoint/", "status/", "secret/node/"].map(|s| (p(s), Write)));
+            g.extend(CONTROLLER_WRITES.map(|s| (p(s), Write)));
             g
         }
         USER => {

@@ -354,24 +354,56 @@ pub enum Written {
     Refused(i64),
 }
 
-/// Writes `ops` in one transaction, fenced by leadership, with the `stamp`
-/// key put beside them (the controller's `status/derived_revision`); at most
-/// max_txn_ops − 1 ops with a stamp.
+/// What a transaction's compares hold its ops to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// Each op's own compare (see [`Op`]).
+    EachKey,
+    /// One compare for the lot: no key in `[from, to)` was modified after
+    /// `revision`. For ops planned from a view of etcd exact at `revision`,
+    /// over a range only this writer writes, it refuses whenever the
+    /// compares of [`Guard::EachKey`] would, but for a key deleted since
+    /// (written as planned: a derived key deleted by hand comes back).
+    /// Never weaker on what matters: a key created, changed or re-created
+    /// since the plan is not overwritten. etcd reads the range's keys to
+    /// judge it, so a writer keeps it to ranges that hold few.
+    Unchanged { from: String, to: Vec<u8>, revision: i64 },
+}
+
+/// Writes `ops` in one transaction, fenced by leadership, each op guarded
+/// by its own compare, with the `stamp` key put beside them (the
+/// controller's `status/derived_revision`); at most max_txn_ops − 1 ops
+/// with a stamp.
 pub async fn write(client: &mut Client, fence: &Fence, ops: &[Op], stamp: Option<(&str, String)>) -> Result<Written, EtcdError> {
+    write_guarded(client, fence, ops, &Guard::EachKey, stamp).await
+}
+
+/// [`write`] with the ops held by `guard`.
+pub async fn write_guarded(client: &mut Client, fence: &Fence, ops: &[Op], guard: &Guard, stamp: Option<(&str, String)>) -> Result<Written, EtcdError> {
     let mut compares = vec![Compare::create_revision(fence.key.clone(), CompareOp::Equal, fence.create_revision)];
+    if let Guard::Unchanged { from, to, revision } = guard {
+        compares.push(Compare::mod_revision(from.clone(), CompareOp::Less, revision + 1).with_range(to.clone()));
+    }
+    let each = *guard == Guard::EachKey;
     let mut then = Vec::new();
     for op in ops {
         match op {
             Op::Create { key, value } => {
-                compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+                if each {
+                    compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+                }
                 then.push(TxnOp::put(key.clone(), value.clone(), None));
             }
             Op::Update { key, value, mod_revision } => {
-                compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *mod_revision));
+                if each {
+                    compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *mod_revision));
+                }
                 then.push(TxnOp::put(key.clone(), value.clone(), None));
             }
             Op::Delete { key, mod_revision } => {
-                compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *mod_revision));
+                if each {
+                    compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *mod_revision));
+                }
                 then.push(TxnOp::delete(key.clone(), None));
             }
         }

@@ -70,7 +70,10 @@ pub struct Etcd {
 
 impl Etcd {
     pub fn start() -> Etcd {
-        let dir = std::env::temp_dir().join(format!("ccattler-bench-etcd-{}", std::process::id()));
+        // (A bench may run two at once: each its own directory.)
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ccattler-bench-etcd-{}-{n}", std::process::id()));
         let (cport, pport) = (free_port(), free_port());
         let url = format!("http://127.0.0.1:{cport}");
         let peer = format!("http://127.0.0.1:{pport}");
