@@ -3,7 +3,8 @@
 
 mod common;
 use common::*;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[tokio::test]
 async fn etcd_from_scripts_test_answers() {
@@ -101,4 +102,51 @@ async fn a_range_guard_refuses_a_key_created_or_changed_since_and_a_neighbour_wr
     assert!(!committed(write_guarded(&mut client, &stale, &[create("f"), create("g")], &range("f", "g", at), None).await.unwrap()));
     assert!(client.get(key("f"), None).await.unwrap().kvs().is_empty());
     client.delete(p.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+}
+
+/// The controller's watch reader reads on while the loop is busy (etcd
+/// streams a watcher that keeps up from memory), up to a bound on what
+/// waits; past it, the rest waits in etcd. Nothing is lost either way.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watch_backlog_over_its_bound_waits_in_etcd_and_nothing_is_lost() {
+    use ccattler_bridge::controller::{Health, Shared};
+    use ccattler_bridge::watch::{WatchMsg, WatchReader};
+    let mut client = connect_as(&etcd_url(), &credentials(), "root").await;
+    let prefix = format!("test/backlog/{}/", std::process::id());
+    let start = client.get("x", None).await.unwrap().header().unwrap().revision() + 1;
+    let opts = etcd_client::WatchOptions::new().with_prefix().with_start_revision(start);
+    let (watcher, stream) = ccattler_store::etcd::watch(&client, prefix.as_str(), opts).await.expect("watch");
+    let (explain, _asked) = tokio::sync::mpsc::channel(1);
+    let shared =
+        Arc::new(Shared { ready: Default::default(), metrics: Default::default(), explain, health: Health::new(Duration::from_secs(60)), console: None });
+    // 64 KiB may wait; 200 transactions of 8 KiB each are written.
+    let mut reader = WatchReader::spawn_bounded(watcher, stream, shared, 64);
+    let value = "v".repeat(8 * 1024);
+    for t in 0..200 {
+        client.put(format!("{prefix}{t:03}"), value.as_str(), None).await.unwrap();
+    }
+    // The reader reads up to its bound (seven of 9 KiB each) and stops there.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reader.waiting() < 7 {
+        assert!(Instant::now() < deadline, "the reader did not read ahead: {} waiting", reader.waiting());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        assert!(reader.waiting() <= 8, "{} responses of 8 KiB wait: over the 64 KiB bound", reader.waiting());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Taken, everything comes, in order, once.
+    let mut seen = Vec::new();
+    while seen.len() < 200 {
+        for msg in tokio::time::timeout(Duration::from_secs(20), reader.next_all()).await.expect("within 20 s") {
+            match msg {
+                WatchMsg::Events { events, .. } => seen.extend(events.into_iter().map(|e| e.key)),
+                other => panic!("the watch broke: {other:?}"),
+            }
+        }
+    }
+    let want: Vec<String> = (0..200).map(|t| format!("{prefix}{t:03}")).collect();
+    assert_eq!(seen, want);
+    client.delete(prefix.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
 }

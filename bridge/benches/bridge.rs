@@ -111,6 +111,7 @@ fn main() {
             settle.as_secs_f64(),
             written,
         );
+        println!("this process (the controller and the bench's copy of the input) once settled: peak RSS {} MiB", peak_rss_kib() / 1024);
 
         let mut lat = Vec::new();
         for i in 0..changes {
@@ -159,6 +160,12 @@ fn main() {
         drop(twin);
     });
     drop(etcd);
+}
+
+/// The process's peak resident memory so far (`VmHWM`), KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
 }
 
 /// The console at this size, measured in the browser: navigation to the
