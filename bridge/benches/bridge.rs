@@ -130,9 +130,20 @@ fn main() {
             }
             lat.push(t.elapsed());
         }
+        // The slowest, in order of the changes (which one, and when: to
+        // match against the controller's debug log).
+        let mut by_time: Vec<(usize, std::time::Duration)> = lat.iter().copied().enumerate().collect();
+        by_time.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+        let slowest: Vec<String> = by_time.iter().take(3).map(|(i, d)| format!("#{i} {:.1} ms", d.as_secs_f64() * 1e3)).collect();
         lat.sort();
         let pct = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
-        println!("etcd put -> derived key committed: p50 {:.1} ms, p99 {:.1} ms (n={})", pct(0.5), pct(0.99), lat.len());
+        println!(
+            "etcd put -> derived key committed: p50 {:.1} ms, p99 {:.1} ms (n={}; slowest {})",
+            pct(0.5),
+            pct(0.99),
+            lat.len(),
+            slowest.join(", ")
+        );
         if console {
             measure_console(&mut client, port, &p).await;
         }
