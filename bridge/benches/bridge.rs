@@ -6,7 +6,8 @@
 //! Starts its own throwaway etcd (needs `etcd` on PATH) and reports, in one run:
 //! raw etcd write throughput (128-op transactions, 8 in flight), the time to
 //! merely read the snapshot, the controller's cold start beside it, its bulk
-//! write-back throughput beside raw, put → derived key committed p50/p99, and
+//! write-back throughput beside raw, put → derived key committed p50/p99 for
+//! an image change and for an intent change (scale up by one), and
 //! last raw etcd writing the same derived keys into a twin etcd that holds
 //! the same input (etcd's throughput at the size the write-back met).
 //! With `--console`, the controller also serves the web console and headless
@@ -113,37 +114,25 @@ fn main() {
         );
         println!("this process (the controller and the bench's copy of the input) once settled: peak RSS {} MiB", peak_rss_kib() / 1024);
 
-        let mut lat = Vec::new();
+        let mut images = Vec::new();
         for i in 0..changes {
             let svc = synth::service_name(i * 7 % p.services);
-            let key = format!("effective/service/{svc}/image");
             let value = format!("img-{i}");
-            let (_w, mut stream) = client.watch(key.as_str(), Some(WatchOptions::new())).await.unwrap();
-            let t = Instant::now();
-            client.put(format!("desired/service/{svc}/image"), value.as_str(), None).await.unwrap();
-            'wait: while let Some(resp) = stream.message().await.unwrap() {
-                for ev in resp.events() {
-                    if ev.event_type() == EventType::Put && ev.kv().is_some_and(|kv| kv.value_str().ok() == Some(value.as_str())) {
-                        break 'wait;
-                    }
-                }
-            }
-            lat.push(t.elapsed());
+            images.push(put_to_derived(&mut client, &format!("desired/service/{svc}/image"), &value, &format!("effective/service/{svc}/image"), &value).await);
         }
-        // The slowest, in order of the changes (which one, and when: to
-        // match against the controller's debug log).
-        let mut by_time: Vec<(usize, std::time::Duration)> = lat.iter().copied().enumerate().collect();
-        by_time.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
-        let slowest: Vec<String> = by_time.iter().take(3).map(|(i, d)| format!("#{i} {:.1} ms", d.as_secs_f64() * 1e3)).collect();
-        lat.sort();
-        let pct = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
-        println!(
-            "etcd put -> derived key committed: p50 {:.1} ms, p99 {:.1} ms (n={}; slowest {})",
-            pct(0.5),
-            pct(0.99),
-            lat.len(),
-            slowest.join(", ")
-        );
+        report("etcd put -> derived key committed, an image change (a rollout starts)", images);
+        // A writer's intent above the others': the service's instance count
+        // moves, and the derived key waits for its revision's whole
+        // evaluation (the new instance's placement included).
+        let mut intents = Vec::new();
+        for i in 0..changes {
+            let svc = synth::service_name((i * 11 + 3) % p.services);
+            let effective = format!("effective/service/{svc}/instances");
+            let now = client.get(effective.as_str(), None).await.unwrap().kvs().first().map_or(0, |kv| kv.value_str().unwrap().parse::<i64>().unwrap());
+            let value = (now + 1).to_string();
+            intents.push(put_to_derived(&mut client, &format!("intent/user/service/{svc}/instances"), &value, &effective, &value).await);
+        }
+        report("etcd put -> derived key committed, an intent change (scale up by one)", intents);
         if console {
             measure_console(&mut client, port, &p).await;
         }
@@ -171,6 +160,33 @@ fn main() {
         drop(twin);
     });
     drop(etcd);
+}
+
+/// Puts `key = value` and waits for `derived` to be committed with `want`
+/// (watched before the put): the time between.
+async fn put_to_derived(client: &mut etcd_client::Client, key: &str, value: &str, derived: &str, want: &str) -> std::time::Duration {
+    let (_w, mut stream) = client.watch(derived, Some(WatchOptions::new())).await.unwrap();
+    let t = Instant::now();
+    client.put(key, value, None).await.unwrap();
+    while let Some(resp) = stream.message().await.unwrap() {
+        for ev in resp.events() {
+            if ev.event_type() == EventType::Put && ev.kv().is_some_and(|kv| kv.value_str().ok() == Some(want)) {
+                return t.elapsed();
+            }
+        }
+    }
+    panic!("the watch of {derived} ended");
+}
+
+/// p50, p99 and the three slowest samples, by index (to match against the
+/// controller's debug log).
+fn report(what: &str, mut lat: Vec<std::time::Duration>) {
+    let mut by_size: Vec<(usize, std::time::Duration)> = lat.iter().copied().enumerate().collect();
+    by_size.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+    let slowest: Vec<String> = by_size.iter().take(3).map(|(i, d)| format!("#{i} {:.1} ms", d.as_secs_f64() * 1e3)).collect();
+    lat.sort();
+    let pct = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
+    println!("{what}: p50 {:.1} ms, p99 {:.1} ms (n={}; slowest {})", pct(0.5), pct(0.99), lat.len(), slowest.join(", "));
 }
 
 /// The process's peak resident memory so far (`VmHWM`), KiB.
