@@ -110,6 +110,7 @@ pub fn decode(messages: Vec<WatchMsg>, applied: u64) -> Decoded {
 pub struct WatchReader {
     rx: tokio::sync::mpsc::UnboundedReceiver<(WatchMsg, u32)>,
     room: Arc<tokio::sync::Semaphore>,
+    bound: u32,
     task: tokio::task::JoinHandle<()>,
     _watcher: etcd_client::Watcher,
 }
@@ -158,7 +159,7 @@ impl WatchReader {
                 }
             }
         });
-        WatchReader { rx, room, task, _watcher: watcher }
+        WatchReader { rx, room, bound, task, _watcher: watcher }
     }
 
     /// Everything delivered so far, waiting for the first message.
@@ -188,6 +189,11 @@ impl WatchReader {
     /// How many delivered messages wait to be read.
     pub fn waiting(&self) -> usize {
         self.rx.len()
+    }
+
+    /// What they hold, in KiB as the bound counts it.
+    pub fn waiting_kib(&self) -> u32 {
+        self.bound - self.room.available_permits().min(self.bound as usize) as u32
     }
 }
 
