@@ -55,10 +55,18 @@ pub fn is_counted(key: &str) -> bool {
 }
 
 fn add(map: &mut BTreeMap<String, i64>, state: &str, d: i64) {
-    let n = map.entry(state.to_string()).or_default();
-    *n += d;
-    if *n == 0 {
-        map.remove(state);
+    // (A state already counted costs no allocation.)
+    match map.get_mut(state) {
+        Some(n) => {
+            *n += d;
+            if *n == 0 {
+                map.remove(state);
+            }
+        }
+        None if d != 0 => {
+            map.insert(state.to_string(), d);
+        }
+        None => {}
     }
 }
 
