@@ -16,7 +16,8 @@
 //! (`benches/sustained.rs`: every node beats every 10 s, usage every 30 s,
 //! 25 readiness flips and 200 user changes a second) in one pass, as the
 //! controller applies what its watch delivered at once: each kind alone, then
-//! all together, a fresh second each time.
+//! all together, a fresh second each time. `one user change`, a kind of
+//! its own (not part of all together), is a single scale-up or -down.
 //!
 //! Reports cold load-and-evaluate time, per-change latency (p50/p99) for four
 //! kinds of change, the from-scratch recomputation time and its ratio to an
@@ -774,7 +775,7 @@ fn stream(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize, se
             "heartbeats" => (0..p.nodes / 10).map(|_| put(agents.beat(clock))).collect(),
             "usage" => (0..p.nodes / 30).filter_map(|_| agents.usage().map(put)).collect(),
             "readiness flips" => (0..25).flat_map(|_| agents.flip().map(put)).collect(),
-            _ => (0..200)
+            _ => (0..if kind == "one user change" { 1 } else { 200 })
                 .map(|_| {
                     user = (user + 1) % p.services;
                     up[user] = !up[user];
@@ -820,7 +821,7 @@ fn stream(p: &Params, program: Arc<ccattler_parser::Program>, workers: usize, se
 /// The kinds `--kinds a,b` names (all when none is given); an unknown one
 /// stops the bench naming the kinds there are.
 fn stream_kinds(only: Option<&str>) -> Vec<&'static str> {
-    const KINDS: [&str; 6] = ["clock tick", "heartbeats", "usage", "readiness flips", "user changes", "all together"];
+    const KINDS: [&str; 7] = ["clock tick", "heartbeats", "usage", "readiness flips", "user changes", "one user change", "all together"];
     let Some(only) = only else { return KINDS.to_vec() };
     for asked in only.split(',') {
         assert!(KINDS.contains(&asked), "--kinds: no kind {asked:?} (there are {})", KINDS.join(", "));

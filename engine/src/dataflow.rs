@@ -439,7 +439,26 @@ impl<'s> Scope<'s, u64> {
             Builtin::Assign(_) => (crate::builtin::assign_rows, "Built-in assign"),
             Builtin::Preempt(_) => (crate::builtin::preempt_rows, "Built-in preempt"),
         };
-        whole(differential_dataflow::collection::concatenate(self.unit.scope(), tagged), body, name)
+        let rows = differential_dataflow::collection::concatenate(self.unit.scope(), tagged);
+        if builtins_by_reduce() {
+            return rows.map(|row| ((), row)).reduce(move |_unit, input, out| out.extend(body(input).into_iter().map(|r| (r, 1)))).map(|((), row)| row);
+        }
+        whole(rows, body, name)
+    }
+}
+
+/// Whether built-ins run as differential's `reduce` on one key, as before
+/// [`whole`] (`CCATTLER_ENGINE_BUILTINS=reduce`, for comparing; unset or
+/// `whole`: [`whole`]). Every worker reads the same environment, so all
+/// build the same operators.
+fn builtins_by_reduce() -> bool {
+    match std::env::var("CCATTLER_ENGINE_BUILTINS").ok().as_deref() {
+        None | Some("whole") => false,
+        Some("reduce") => true,
+        Some(other) => {
+            tracing::warn!("CCATTLER_ENGINE_BUILTINS={other:?} is not whole or reduce; built-ins run whole");
+            false
+        }
     }
 }
 
