@@ -467,8 +467,8 @@ fn builtins_by_reduce() -> bool {
 /// `body` makes of them from what it made before. The operator holds the
 /// rows and its last output and nothing else; differential's `reduce` on
 /// one key, which this replaces, replayed the key's history from its
-/// arrangement at each revision — at 5,000 nodes six times what `assign`
-/// itself took — and merged a second arrangement of the output.
+/// arrangement at each revision — at 5,000 nodes as long again as `assign`
+/// itself took — from a spine that cloned every row it merged.
 ///
 /// `body` sees the rows in `Row` order, with their multiplicities (never
 /// zero), as `reduce` gave them.
