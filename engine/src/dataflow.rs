@@ -449,16 +449,25 @@ impl<'s> Scope<'s, u64> {
 
 /// Whether built-ins run as differential's `reduce` on one key, as before
 /// [`whole`] (`CCATTLER_ENGINE_BUILTINS=reduce`, for comparing; unset or
-/// `whole`: [`whole`]). Every worker reads the same environment, so all
-/// build the same operators.
+/// `whole`: [`whole`]). Read once per process, as the runtime reads
+/// `CCATTLER_ENGINE_HUBS`: every worker builds the same operators.
 fn builtins_by_reduce() -> bool {
-    match std::env::var("CCATTLER_ENGINE_BUILTINS").ok().as_deref() {
-        None | Some("whole") => false,
-        Some("reduce") => true,
-        Some(other) => {
-            tracing::warn!("CCATTLER_ENGINE_BUILTINS={other:?} is not whole or reduce; built-ins run whole");
+    static BY_REDUCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BY_REDUCE.get_or_init(|| {
+        let named = std::env::var("CCATTLER_ENGINE_BUILTINS").ok();
+        builtins_named(named.as_deref()).unwrap_or_else(|why| {
+            tracing::warn!("{why}; built-ins run whole");
             false
-        }
+        })
+    })
+}
+
+/// `CCATTLER_ENGINE_BUILTINS`'s value: whether built-ins run by `reduce`.
+fn builtins_named(name: Option<&str>) -> Result<bool, String> {
+    match name {
+        None | Some("whole") => Ok(false),
+        Some("reduce") => Ok(true),
+        Some(other) => Err(format!("CCATTLER_ENGINE_BUILTINS={other:?} is not whole or reduce")),
     }
 }
 
@@ -1061,6 +1070,17 @@ pub fn build<'s>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_builtins_value_that_is_neither_whole_nor_reduce_is_refused_and_named() {
+        assert_eq!(builtins_named(None), Ok(false));
+        assert_eq!(builtins_named(Some("whole")), Ok(false));
+        assert_eq!(builtins_named(Some("reduce")), Ok(true));
+        for careless in ["Reduce", "reduce ", "", "0", "off", "whole\n"] {
+            let why = builtins_named(Some(careless)).unwrap_err();
+            assert!(why.contains(&format!("{careless:?}")) && why.contains("whole or reduce"), "{why}");
+        }
+    }
 
     /// A rule that starts `a(x, y, 1), b(y, x, z)` joins a's arrangement by
     /// (y, x) — positions 1 then 0 — with b's by (0, 1), and takes z from
